@@ -1,0 +1,157 @@
+"""Conversions between zero-concentrated DP (ρ-zCDP) and approximate (ε, δ)-DP.
+
+Two conversions are offered (SPEC §5):
+
+* ``"tight"`` (default) — Canonne, Kamath & Steinke (2020), via Rényi DP: a ρ-zCDP mechanism is
+  (α, ρα)-RDP for every α > 1, and (α, τ)-RDP implies (ε, δ)-DP with
+  ``ε = τ + ln(1 − 1/α) − (ln δ + ln α)/(α − 1)``. We minimise over α numerically.
+* ``"paper"`` — Bun & Steinke (2016) Prop. 1.3, used by Huai et al. (2020):
+  ``ε = ρ + 2√(ρ ln(1/δ))``, whose inverse is ``ρ = (√(ln(1/δ) + ε) − √(ln(1/δ)))²``.
+
+The tight conversion is always at most the paper's, and at least the exact (ε, δ) curve of a
+single Gaussian mechanism with the same ρ (:func:`gaussian_epsilon_exact`), which is the best
+any conversion can do.
+
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from scipy import optimize, special
+
+__all__ = [
+    "Conversion",
+    "epsilon_from_rho",
+    "rho_from_epsilon",
+    "gaussian_delta_exact",
+    "gaussian_epsilon_exact",
+]
+
+Conversion = Literal["tight", "paper"]
+
+_CONVERSIONS = ("tight", "paper")
+
+
+def _check(delta: float, conversion: str) -> None:
+    if conversion not in _CONVERSIONS:
+        raise ValueError(f"conversion must be one of {_CONVERSIONS}, got {conversion!r}")
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+
+
+def _tight_objective(log_a_minus_1: float, rho: float, log_delta: float) -> float:
+    a = 1.0 + math.exp(log_a_minus_1)
+    return rho * a + math.log1p(-1.0 / a) - (log_delta + math.log(a)) / (a - 1.0)
+
+
+def epsilon_from_rho(rho: float, delta: float, conversion: Conversion = "tight") -> float:
+    """The ε of the (ε, δ)-DP guarantee implied by ρ-zCDP.
+
+    Parameters
+    ----------
+    rho
+        zCDP parameter, ``ρ ≥ 0``.
+    delta
+        Target δ in (0, 1).
+    conversion
+        ``"tight"`` (CKS 2020, default) or ``"paper"`` (``ρ + 2√(ρ ln 1/δ)``).
+
+    Examples
+    --------
+    >>> round(epsilon_from_rho(1 / 32, 1e-3), 6)
+    0.688002
+    >>> round(epsilon_from_rho(1 / 32, 1e-3, "paper"), 6)
+    0.960481
+
+    """
+    _check(delta, conversion)
+    if not rho >= 0.0 or math.isinf(rho):
+        if math.isinf(rho):
+            return math.inf
+        raise ValueError(f"rho must be >= 0, got {rho!r}")
+    if rho == 0.0:
+        return 0.0
+    log_delta = math.log(delta)
+    if conversion == "paper":
+        return rho + 2.0 * math.sqrt(rho * -log_delta)
+    # The objective is unimodal in log(α − 1); the optimum lies near α* ≈ 1 + √(ln(1/δ)/ρ), so we
+    # bracket generously around it and let Brent's method polish.
+    guess = math.log(math.sqrt(-log_delta / rho) + 1e-12)
+    res = optimize.minimize_scalar(
+        _tight_objective,
+        bracket=None,
+        bounds=(guess - 12.0, guess + 12.0),
+        args=(rho, log_delta),
+        method="bounded",
+        options={"xatol": 1e-12, "maxiter": 500},
+    )
+    return max(0.0, float(res.fun))
+
+
+def rho_from_epsilon(epsilon: float, delta: float, conversion: Conversion = "tight") -> float:
+    """The largest ρ whose ρ-zCDP guarantee implies (ε, δ)-DP.
+
+    The tight conversion is inverted numerically (``epsilon_from_rho`` is increasing in ρ); the
+    result is then nudged down so that ``epsilon_from_rho(result) <= epsilon`` always holds —
+    a budget must never be rounded up.
+
+    Examples
+    --------
+    >>> rho = rho_from_epsilon(1.0, 1e-5)
+    >>> epsilon_from_rho(rho, 1e-5) <= 1.0
+    True
+    >>> round(rho_from_epsilon(1.0, 1e-5, "paper"), 6)
+    0.02082
+
+    """
+    _check(delta, conversion)
+    if not epsilon > 0.0 or math.isinf(epsilon):
+        raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
+    ln_inv_delta = -math.log(delta)
+    if conversion == "paper":
+        return (math.sqrt(ln_inv_delta + epsilon) - math.sqrt(ln_inv_delta)) ** 2
+    # The paper's ρ is a lower bound for the tight one (tight ε ≤ paper ε), so it brackets below.
+    lo = (math.sqrt(ln_inv_delta + epsilon) - math.sqrt(ln_inv_delta)) ** 2
+    hi = max(2.0 * lo, epsilon)
+    while epsilon_from_rho(hi, delta) < epsilon:
+        hi *= 2.0
+    rho = optimize.brentq(
+        lambda r: epsilon_from_rho(r, delta) - epsilon, lo, hi, xtol=1e-15, rtol=1e-13
+    )
+    while epsilon_from_rho(rho, delta) > epsilon:
+        rho = math.nextafter(rho, 0.0) * (1.0 - 1e-12)
+    return float(rho)
+
+
+def _norm_cdf(x: float) -> float:
+    return 0.5 * special.erfc(-x / math.sqrt(2.0))
+
+
+def gaussian_delta_exact(rho: float, epsilon: float) -> float:
+    """Exact δ(ε) of one Gaussian mechanism with ``Δ²/(2σ²) = ρ`` (Balle & Wang 2018, Thm. 8).
+
+    With ``μ = Δ/σ = √(2ρ)``: ``δ = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ)``.
+    """
+    if rho <= 0.0:
+        return 0.0
+    mu = math.sqrt(2.0 * rho)
+    return _norm_cdf(mu / 2.0 - epsilon / mu) - math.exp(epsilon) * _norm_cdf(
+        -mu / 2.0 - epsilon / mu
+    )
+
+
+def gaussian_epsilon_exact(rho: float, delta: float) -> float:
+    """Smallest ε for which one Gaussian mechanism with parameter ρ is (ε, δ)-DP.
+
+    This is the best any zCDP → (ε, δ) conversion can achieve (a lower bound for both of ours).
+    """
+    if rho <= 0.0 or gaussian_delta_exact(rho, 0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while gaussian_delta_exact(rho, hi) > delta:
+        hi *= 2.0
+    return float(
+        optimize.brentq(lambda e: gaussian_delta_exact(rho, e) - delta, 0.0, hi, xtol=1e-14)
+    )
