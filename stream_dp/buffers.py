@@ -1,0 +1,246 @@
+"""Buffers of past records that each new record is paired with (SPEC §4).
+
+Which records sit in a buffer depends only on arrival indices and a keyed RNG, never on record
+values — otherwise the sensitivity analysis breaks. Buffers preallocate their arrays; a slot is
+identified by its row, and ``ids`` holds the arrival step of the record in each slot, which the
+certified-sensitivity tracker needs.
+
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from stream_dp.privacy.noise import KeyedNoise
+
+__all__ = ["Buffer", "AllBuffer", "FIFOBuffer", "ReservoirBuffer", "make_buffer"]
+
+
+class Buffer:
+    """Base class. ``view()`` returns ``(X, Y)`` for the current members (views, never copies)."""
+
+    #: True when a record can occupy at most one slot.
+    distinct: bool = True
+    kind: str = ""
+
+    def __init__(self) -> None:
+        self.X: np.ndarray | None = None
+        self.Y: np.ndarray | None = None
+        self.ids: np.ndarray | None = None
+        self.n = 0
+        self.dim: int | None = None
+
+    @property
+    def capacity(self) -> int | None:
+        return None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _alloc(self, rows: int, dim: int) -> None:
+        self.X = np.zeros((rows, dim))
+        self.Y = np.zeros(rows)
+        self.ids = np.full(rows, -1, dtype=np.int64)
+
+    def bind(self, dim: int) -> None:
+        """Allocate storage once the feature dimension is known."""
+        self.dim = dim
+        self._alloc(self.capacity or 64, dim)
+
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.X is None:
+            return np.zeros((0, 0)), np.zeros(0)
+        return self.X[: self.n], self.Y[: self.n]
+
+    def member_ids(self) -> np.ndarray:
+        return self.ids[: self.n] if self.ids is not None else np.zeros(0, dtype=np.int64)
+
+    def add(
+        self, x: np.ndarray, y: float, step: int, noise: KeyedNoise | None = None
+    ) -> list[tuple[int, int]]:
+        """Offer record ``step``; returns the ``(slot, previous id)`` pairs it was written to."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _write(self, slot: int, x: np.ndarray, y: float, step: int) -> tuple[int, int]:
+        old = int(self.ids[slot])
+        self.X[slot] = x
+        self.Y[slot] = y
+        self.ids[slot] = step
+        return slot, old
+
+    def state_dict(self) -> dict:
+        X, Y = self.view()
+        return {
+            "kind": self.kind,
+            "params": self._params(),
+            "dim": self.dim,
+            "n": self.n,
+            "X": X.copy(),
+            "Y": Y.copy(),
+            "ids": self.member_ids().copy(),
+            "extra": self._extra_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["kind"] != self.kind or state["params"] != self._params():
+            raise ValueError(
+                f"checkpoint holds a {state['kind']}{state['params']} buffer, "
+                f"this learner uses {self.kind}{self._params()}"
+            )
+        if state["dim"] is None:
+            return
+        self.bind(int(state["dim"]))
+        n = int(state["n"])
+        if self.capacity is None and n > len(self.Y):
+            self._alloc(max(n, 64), self.dim)
+        self.X[:n] = state["X"]
+        self.Y[:n] = state["Y"]
+        self.ids[:n] = state["ids"]
+        self.n = n
+        self._load_extra(state.get("extra", {}))
+
+    def _params(self) -> dict:
+        return {}
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def _load_extra(self, extra: dict) -> None:
+        pass
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.X, self.Y, self.ids) if a is not None)
+
+
+class AllBuffer(Buffer):
+    """Every past record (Huai et al.): ``B_t = {z_1, …, z_{t−1}}``. Memory and step cost O(t·d).
+
+    Storage doubles when full (amortised O(1) appends). A ``ResourceWarning`` is issued once
+    when the buffer passes ``warn_above`` records, because an unbounded stream will eventually
+    exhaust memory: use :class:`FIFOBuffer` or :class:`ReservoirBuffer` there.
+    """
+
+    kind = "all"
+
+    def __init__(self, warn_above: int = 100_000) -> None:
+        super().__init__()
+        self.warn_above = int(warn_above)
+        self._warned = False
+
+    def bind(self, dim: int) -> None:
+        self.dim = dim
+        self._alloc(64, dim)
+
+    def add(self, x, y, step, noise=None):
+        if self.n == len(self.Y):
+            X, Y, ids = self.X, self.Y, self.ids
+            self._alloc(2 * len(Y), self.dim)
+            self.X[: self.n], self.Y[: self.n], self.ids[: self.n] = X, Y, ids
+        written = self._write(self.n, x, y, step)
+        self.n += 1
+        if self.n > self.warn_above and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"the 'all' buffer holds {self.n} records ({self.nbytes() / 1e6:.0f} MB) and "
+                "grows with the stream (O(n·d) memory, O(n·d) per step); use a FIFO or "
+                "reservoir buffer for unbounded streams",
+                ResourceWarning,
+                stacklevel=3,
+            )
+        return [written]
+
+    def _params(self) -> dict:
+        return {}
+
+
+class FIFOBuffer(Buffer):
+    """The last ``size`` records, in a preallocated ring. Memory O(s·d), step cost O(s·d)."""
+
+    kind = "fifo"
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        if int(size) < 1:
+            raise ValueError(f"buffer size must be >= 1, got {size!r}")
+        self.size = int(size)
+        self._next = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.size
+
+    def add(self, x, y, step, noise=None):
+        written = self._write(self._next, x, y, step)
+        self._next = (self._next + 1) % self.size
+        self.n = min(self.n + 1, self.size)
+        return [written]
+
+    def _params(self) -> dict:
+        return {"size": self.size}
+
+    def _extra_state(self) -> dict:
+        return {"next": self._next}
+
+    def _load_extra(self, extra: dict) -> None:
+        self._next = int(extra.get("next", self.n % self.size))
+
+
+class ReservoirBuffer(Buffer):
+    """RS-x of Kar et al. (2013): each of ``size`` slots independently takes the t-th record with
+    probability 1/t, so every slot is a uniform draw from the past (with replacement).
+
+    The coin flips come from the learner's keyed generator (purpose ``"buffer"``, counter t):
+    data-independent and reproduced exactly on replay. A record may fill several slots, and an
+    old record can stay for ever: the certified sensitivity accounts for both.
+    """
+
+    kind = "reservoir"
+    distinct = False
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        if int(size) < 1:
+            raise ValueError(f"buffer size must be >= 1, got {size!r}")
+        self.size = int(size)
+
+    @property
+    def capacity(self) -> int:
+        return self.size
+
+    def add(self, x, y, step, noise=None):
+        if noise is None:
+            raise ValueError("a reservoir buffer needs the learner's keyed noise for its coins")
+        if self.n == 0:
+            slots = np.arange(self.size)  # the first record fills every slot (probability 1/1)
+        else:
+            coins = noise.generator(step, "buffer").random(self.size)
+            slots = np.flatnonzero(coins < 1.0 / step)
+        written = [self._write(int(s), x, y, step) for s in slots]
+        self.n = self.size
+        return written
+
+    def _params(self) -> dict:
+        return {"size": self.size}
+
+
+def make_buffer(spec: str | int | Buffer, warn_above: int = 100_000) -> Buffer:
+    """``"all"``, an int (FIFO of that size), ``"fifo:N"``, ``"reservoir:N"`` or a Buffer."""
+    if isinstance(spec, Buffer):
+        return spec
+    if isinstance(spec, bool):
+        raise ValueError(f"invalid buffer {spec!r}")
+    if isinstance(spec, int | np.integer):
+        return FIFOBuffer(int(spec))
+    if isinstance(spec, str):
+        if spec == "all":
+            return AllBuffer(warn_above=warn_above)
+        kind, _, size = spec.partition(":")
+        if kind == "fifo" and size.isdigit():
+            return FIFOBuffer(int(size))
+        if kind == "reservoir" and size.isdigit():
+            return ReservoirBuffer(int(size))
+    raise ValueError(
+        f"invalid buffer {spec!r}: use 'all', an int (FIFO size), 'fifo:N' or 'reservoir:N'"
+    )

@@ -1,0 +1,190 @@
+"""Records: the fixed feature schema, labels, and the norm clip that the privacy proof needs.
+
+SPEC §1: every ``x`` is clipped to ``‖x‖₂ ≤ R`` before it touches the model or the buffer (the
+Lipschitz constants hold only for clipped data); non-finite values are rejected, never learned
+from; the feature space (names, order, d) is fixed before the first record — it is schema, not
+data. Features are ordered by name so that two learners fed the same records with their keys in
+a different order are identical (noise coordinates follow the schema order).
+
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Hashable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["FeatureSchema", "InvalidRecord", "clip_norm", "auc_label", "LabelCodes"]
+
+
+class InvalidRecord(ValueError):
+    """A record that must not be learned from; ``reason`` is a short machine-readable code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _sort_key(k: Hashable) -> tuple[str, str]:
+    return (type(k).__name__, str(k))
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, str)
+
+
+class FeatureSchema:
+    """Feature names and their order; fixed from config or from the first learned record.
+
+    Examples
+    --------
+    >>> s = FeatureSchema()
+    >>> s.to_array({"b": 2.0, "a": 1.0}, learning=True)
+    array([1., 2.])
+    >>> s.names
+    ('a', 'b')
+    >>> s.to_array({"a": 3.0}, learning=True)  # a missing feature is 0, as in river
+    array([3., 0.])
+
+    """
+
+    def __init__(self, names: Sequence[Hashable] | None = None) -> None:
+        self.names: tuple | None = None
+        self._index: dict = {}
+        if names is not None:
+            self._set(tuple(names))
+
+    def _set(self, names: tuple) -> None:
+        if len(names) == 0:
+            raise InvalidRecord("empty_features", "a record needs at least one feature")
+        if len(set(names)) != len(names):
+            raise ValueError("feature names must be unique")
+        self.names = names
+        self._index = {n: i for i, n in enumerate(names)}
+
+    @property
+    def dim(self) -> int | None:
+        return None if self.names is None else len(self.names)
+
+    @property
+    def frozen(self) -> bool:
+        return self.names is not None
+
+    def to_array(self, x: Mapping | Sequence | np.ndarray, *, learning: bool) -> np.ndarray:
+        """Turn a record's features into a float vector in schema order.
+
+        When learning, an unknown feature is an error (it would silently change d); when
+        predicting, unknown features carry no weight and are ignored. Missing features are 0.
+        Raises :class:`InvalidRecord` for non-numeric or non-finite values.
+        """
+        if isinstance(x, Mapping):
+            return self._dict_to_array(x, learning)
+        if isinstance(x, np.ndarray | list | tuple):
+            arr = np.asarray(x)
+            if arr.ndim != 1 or not (
+                np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
+            ):
+                raise InvalidRecord("wrong_type", "an array record must be a 1-D numeric vector")
+            arr = arr.astype(float)
+            if self.names is None:
+                if not learning:
+                    raise InvalidRecord("no_schema", "no schema yet: learn a record first")
+                self._set(tuple(f"x{i}" for i in range(len(arr))))
+            if len(arr) != self.dim:
+                raise InvalidRecord(
+                    "wrong_dimension", f"expected {self.dim} features, got {len(arr)}"
+                )
+            if not np.isfinite(arr).all():
+                raise InvalidRecord("non_finite", "features must be finite (no NaN or inf)")
+            return arr
+        raise InvalidRecord(
+            "wrong_type", f"x must be a dict or a 1-D array, got {type(x).__name__}"
+        )
+
+    def _dict_to_array(self, x: Mapping, learning: bool) -> np.ndarray:
+        for k, v in x.items():
+            if not _is_number(v):
+                raise InvalidRecord(
+                    "wrong_type", f"feature {k!r} must be a real number, got {type(v).__name__}"
+                )
+            if not math.isfinite(v):
+                raise InvalidRecord("non_finite", f"feature {k!r} is not finite ({v})")
+        if self.names is None:
+            if not learning:
+                return np.zeros(0)
+            self._set(tuple(sorted(x, key=_sort_key)))
+        out = np.zeros(len(self.names))
+        index = self._index
+        for k, v in x.items():
+            i = index.get(k)
+            if i is None:
+                if learning:
+                    raise InvalidRecord(
+                        "unknown_feature",
+                        f"unknown feature {k!r}; the schema is fixed to {len(self.names)} "
+                        "features (set `features=` to declare them up front)",
+                    )
+                continue
+            out[i] = v
+        return out
+
+    def to_dict(self, v: np.ndarray) -> dict:
+        return dict(zip(self.names or (), (float(a) for a in v), strict=True))
+
+
+def clip_norm(x: np.ndarray, radius: float) -> np.ndarray:
+    """``x · min(1, R/‖x‖₂)`` — part of the privacy proof, not a preprocessing nicety.
+
+    Examples
+    --------
+    >>> clip_norm(np.array([3.0, 4.0]), 1.0)
+    array([0.6, 0.8])
+
+    """
+    norm = float(np.sqrt(x @ x))
+    if norm > radius:
+        return x * (radius / norm)
+    return x
+
+
+def auc_label(y: object) -> float:
+    """Map a binary label to ±1: ``True/False``, ``1/0`` and ``±1`` are accepted.
+
+    Examples
+    --------
+    >>> auc_label(True), auc_label(0), auc_label(-1)
+    (1.0, -1.0, -1.0)
+
+    """
+    if isinstance(y, bool | np.bool_):
+        return 1.0 if y else -1.0
+    if _is_number(y) and not (isinstance(y, float) and math.isnan(y)):
+        if y == 1:
+            return 1.0
+        if y == 0 or y == -1:
+            return -1.0
+    raise InvalidRecord(
+        "bad_label", f"an AUC label must be True/False, 1/0 or +1/-1, got {y!r}"
+    )
+
+
+class LabelCodes:
+    """Class labels of metric learning, coded as floats (only equality of labels matters)."""
+
+    def __init__(self) -> None:
+        self.codes: dict = {}
+
+    def encode(self, y: object) -> float:
+        if y is None or (isinstance(y, float) and math.isnan(y)):
+            raise InvalidRecord("bad_label", f"a class label is required, got {y!r}")
+        if not isinstance(y, Hashable):
+            raise InvalidRecord("bad_label", f"a class label must be hashable, got {y!r}")
+        if isinstance(y, np.generic):
+            y = y.item()
+        code = self.codes.get(y)
+        if code is None:
+            code = float(len(self.codes))
+            self.codes[y] = code
+        return code
