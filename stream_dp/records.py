@@ -176,7 +176,8 @@ class LabelCodes:
     def __init__(self) -> None:
         self.codes: dict = {}
 
-    def encode(self, y: object) -> float:
+    def encode(self, y: object, register: bool = True) -> float:
+        """The code of label ``y``; with ``register=False`` a new label is validated, not stored."""
         if y is None or (isinstance(y, float) and math.isnan(y)):
             raise InvalidRecord("bad_label", f"a class label is required, got {y!r}")
         if not isinstance(y, Hashable):
@@ -186,5 +187,6 @@ class LabelCodes:
         code = self.codes.get(y)
         if code is None:
             code = float(len(self.codes))
-            self.codes[y] = code
+            if register:
+                self.codes[y] = code
         return code

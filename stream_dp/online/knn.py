@@ -1,0 +1,73 @@
+"""k-nearest neighbours under a learned private metric, as one river classifier."""
+
+from __future__ import annotations
+
+from river import base, neighbors
+
+from stream_dp.online.interfaces import MetricInterface, PrivateMetricDistance
+
+__all__ = ["PrivateMetricKNN"]
+
+
+class PrivateMetricKNN(base.Classifier):
+    """A river kNN classifier whose distance is a metric learner's latest private release.
+
+    ``learn_one`` feeds the record to both the metric learner and the kNN window; predictions
+    measure distances with the metric as released *now* (river's ``KNNClassifier`` deep-copies
+    its engine, which would freeze a bound method; :class:`PrivateMetricDistance` survives the
+    copy as a reference). Works inside ``river.evaluate.progressive_val_score``.
+
+    Note the privacy scope: the metric is private, but a kNN classifier stores raw neighbours,
+    so its *predictions* are not differentially private. Use it for evaluation by the trusted
+    operator, or share only the metric.
+
+    Parameters
+    ----------
+    metric
+        A metric learner (``task="metric"``): OnPairStrC, OnPairC or PairwiseGIGA.
+    n_neighbors
+        k.
+    window_size
+        Neighbours kept by river's ``LazySearch``.
+
+    Examples
+    --------
+    >>> from stream_dp.online import OnPairStrC, PrivateMetricKNN
+    >>> from river import evaluate, metrics, datasets
+    >>> knn = PrivateMetricKNN(OnPairStrC(task="metric", epsilon=2.0, alpha=1.0, buffer=32,
+    ...                                   seed=1), n_neighbors=3)
+    >>> dataset = [({"a": float(i % 4), "b": float(i % 3)}, i % 2) for i in range(60)]
+    >>> _ = evaluate.progressive_val_score(dataset, knn, metrics.Accuracy())
+
+    """
+
+    def __init__(self, metric: MetricInterface, n_neighbors: int = 3, window_size: int = 200):
+        if not isinstance(metric, MetricInterface):
+            raise ValueError("metric must be a metric learner (task='metric')")
+        self.metric = metric
+        self.n_neighbors = n_neighbors
+        self.window_size = window_size
+        self._knn = neighbors.KNNClassifier(
+            n_neighbors=n_neighbors,
+            engine=neighbors.LazySearch(
+                window_size=window_size, dist_func=PrivateMetricDistance(metric)
+            ),
+        )
+
+    @property
+    def _multiclass(self) -> bool:
+        return True
+
+    def learn_one(self, x, y, **kwargs) -> None:
+        self.metric.learn_one(x, y)
+        self._knn.learn_one(x, y)
+
+    def predict_proba_one(self, x, **kwargs) -> dict:
+        return self._knn.predict_proba_one(x)
+
+    @classmethod
+    def _unit_test_params(cls):
+        from stream_dp.online._params import river_check_params
+        from stream_dp.online.onpairstrc import OnPairStrC
+
+        yield {"metric": OnPairStrC(**river_check_params("metric", multiclass=True))}
