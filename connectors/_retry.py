@@ -1,0 +1,107 @@
+"""Bounded exponential backoff shared by the Kafka source and sink (private)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+import kafka.errors as kafka_errors
+
+__all__ = ["Backoff", "is_retriable"]
+
+# kafka-python < 3 raised NoBrokersAvailable when the bootstrap servers were unreachable;
+# 3.x raises KafkaTimeoutError (retriable). Accept both so either version behaves.
+_NO_BROKERS: tuple[type[BaseException], ...] = tuple(
+    cls for cls in (getattr(kafka_errors, "NoBrokersAvailable", None),) if isinstance(cls, type)
+)
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a transient broker/network failure worth retrying.
+
+    Parameters
+    ----------
+    exc : BaseException
+
+    Returns
+    -------
+    bool
+        True for kafka-python errors flagged ``retriable`` (timeouts, connection errors,
+        coordinator or leader moves), "no brokers available", and OS-level connection errors.
+    """
+    if isinstance(exc, _NO_BROKERS):
+        return True
+    if isinstance(exc, kafka_errors.KafkaError):
+        return bool(getattr(exc, "retriable", False))
+    return isinstance(exc, ConnectionError | TimeoutError)
+
+
+class Backoff:
+    """Exponential backoff with jitter, capped at ``maximum`` seconds.
+
+    Parameters
+    ----------
+    initial : float
+        First delay in seconds.
+    maximum : float
+        Upper bound of any single delay.
+    logger : logging.Logger
+        Where failures are reported.
+    what : str
+        Short description of the operation, for log messages.
+
+    Examples
+    --------
+    >>> b = Backoff(initial=0.1, maximum=1.0, logger=logging.getLogger("x"), what="poll")
+    >>> [round(b.next_delay(), 1) <= 1.0 for _ in range(6)]
+    [True, True, True, True, True, True]
+    """
+
+    def __init__(
+        self, *, initial: float = 0.1, maximum: float = 10.0, logger: logging.Logger, what: str
+    ) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.logger = logger
+        self.what = what
+        self.failures = 0
+        self.first_failure: float | None = None
+
+    def next_delay(self) -> float:
+        """Return the next delay (and count one more failure)."""
+        base = min(self.maximum, self.initial * (2.0 ** min(self.failures, 30)))
+        self.failures += 1
+        # Jitter keeps many clients from hammering a recovering broker in lockstep.
+        return min(self.maximum, base * random.uniform(0.8, 1.2))
+
+    def failed(self, exc: BaseException, max_sleep: float | None = None) -> float:
+        """Log a transient failure, sleep for the next delay, and return that delay.
+
+        Parameters
+        ----------
+        exc : BaseException
+            The failure, for the log.
+        max_sleep : float, optional
+            Cap on this sleep, e.g. the time left before a caller's deadline.
+        """
+        if self.first_failure is None:
+            self.first_failure = time.monotonic()
+        delay = self.next_delay()
+        if max_sleep is not None:
+            delay = max(0.0, min(delay, max_sleep))
+        self.logger.warning(
+            "%s failed (%s); retry %d in %.1f s", self.what, exc, self.failures, delay
+        )
+        time.sleep(delay)
+        return delay
+
+    def succeeded(self) -> None:
+        """Reset after a success, logging the recovery if there were failures."""
+        if self.failures:
+            outage = time.monotonic() - (self.first_failure or time.monotonic())
+            self.logger.info(
+                "%s recovered after %d failure(s) over %.1f s", self.what, self.failures, outage
+            )
+        self.failures = 0
+        self.first_failure = None

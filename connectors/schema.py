@@ -1,0 +1,563 @@
+"""Wire formats of the engine: input records, release messages and dead letters.
+
+Everything that crosses a process boundary is one of three pydantic v2 models:
+
+* :class:`InputRecord` -- one labelled example read from a source. Untrusted: it is always
+  built through :func:`parse_record`, which turns every defect into a :class:`RecordError`
+  with a short machine-readable ``reason`` code (see :data:`REASONS`), so bad input can be
+  routed to a dead-letter sink instead of stopping the engine or being learned from.
+* :class:`ReleaseMessage` -- one differentially private model release (SPEC section 8). It
+  carries the released weights and privacy accounting only: never raw records, gradients or
+  the internal iterate.
+* :class:`DeadLetter` -- a rejected input with its reason. It contains the raw payload, so a
+  dead-letter file or topic holds personal data and must be protected like the input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+__all__ = [
+    "REASONS",
+    "DeadLetter",
+    "InputRecord",
+    "Label",
+    "RecordError",
+    "ReleaseMessage",
+    "parse_record",
+]
+
+#: Reason codes carried by :class:`RecordError` and :class:`DeadLetter`.
+#:
+#: ``invalid_json``      payload is not UTF-8 JSON
+#: ``oversize``          payload longer than ``max_bytes``
+#: ``wrong_type``        top level not an object, or a field of the wrong type (e.g. a string
+#:                       or bool used as a feature, a list as label)
+#: ``missing_features``  no ``x`` field
+#: ``empty_features``    ``x`` is ``{}`` or ``[]``
+#: ``missing_label``     no ``y`` field, or ``y`` is null or an empty string
+#: ``non_finite``        NaN or +-inf (or a number too large for a float) in ``x``, ``y`` or
+#:                       ``ts``
+#: ``invalid_timestamp`` ``ts`` is a string but not an ISO 8601 date-time
+#: ``unknown_feature``   a feature name the model does not know (:meth:`InputRecord.to_vector`)
+#: ``missing_feature``   a feature the model needs is absent (:meth:`InputRecord.to_vector`)
+#: ``wrong_dimension``   a feature list of the wrong length (:meth:`InputRecord.to_vector`)
+REASONS: tuple[str, ...] = (
+    "invalid_json",
+    "oversize",
+    "wrong_type",
+    "missing_features",
+    "empty_features",
+    "missing_label",
+    "non_finite",
+    "invalid_timestamp",
+    "unknown_feature",
+    "missing_feature",
+    "wrong_dimension",
+)
+
+#: Labels may be booleans, integers, finite floats or non-empty strings.
+Label = bool | int | float | str
+
+_DEAD_LETTER_MAX_CHARS = 10_000
+
+
+class RecordError(ValueError):
+    """A rejected input record.
+
+    Parameters
+    ----------
+    reason : str
+        Machine-readable code, one of :data:`REASONS`. Safe to use as a metric label.
+    message : str, optional
+        Human-readable explanation. May quote feature *names* but never feature values, so
+        that it can be logged without leaking record contents.
+
+    Examples
+    --------
+    >>> try:
+    ...     parse_record(b'{"x": [1.0]}')
+    ... except RecordError as err:
+    ...     print(err.reason)
+    missing_label
+    """
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        self.reason = reason
+        self.message = message or reason.replace("_", " ")
+        super().__init__(f"{reason}: {self.message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Needed so the error survives pickling (multiprocessing) with both arguments.
+        return (type(self), (self.reason, self.message))
+
+
+def _is_number(value: object) -> bool:
+    # bool is an int subclass; True as a feature is almost always an upstream encoding bug.
+    # numbers.Real admits NumPy scalars for records built in-process.
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
+def _finite_float(value: object, what: str) -> float:
+    if not _is_number(value):
+        raise PydanticCustomError(
+            "wrong_type",
+            "{what} must be a number, got {kind}",
+            {"what": what, "kind": type(value).__name__},
+        )
+    try:
+        as_float = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        # Python ints are unbounded; 10**400 does not fit in a double.
+        raise PydanticCustomError(
+            "non_finite", "{what} is too large for a float", {"what": what}
+        ) from None
+    if not math.isfinite(as_float):
+        raise PydanticCustomError("non_finite", "{what} is not finite", {"what": what})
+    return as_float
+
+
+class InputRecord(BaseModel):
+    """One labelled example.
+
+    Parameters
+    ----------
+    x : dict of str to float, or list of float
+        Features, by name or by position. Must be non-empty; every value must be a finite
+        int or float (bools and numeric strings are rejected, not coerced).
+    y : bool, int, float or str
+        Label. Finite if numeric, non-empty if a string.
+    key : str, optional
+        Routing key (e.g. the user or the partition key), never used as a feature.
+    ts : float or str, optional
+        Event time, as unix seconds or an ISO 8601 string; stored as unix seconds (naive ISO
+        strings are taken as UTC).
+
+    Notes
+    -----
+    Use :func:`parse_record` for untrusted input: it maps every validation failure onto a
+    single :class:`RecordError` reason. Unknown top-level fields are ignored so producers may
+    add metadata without breaking the engine.
+
+    Examples
+    --------
+    >>> InputRecord(x={"age": 31, "income": 2.5}, y=1).x
+    {'age': 31.0, 'income': 2.5}
+    >>> InputRecord(x=[0.5, 1.5], y="pos", ts="2024-01-01T00:00:00Z").ts
+    1704067200.0
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    x: dict[str, float] | list[float]
+    y: Label
+    key: str | None = None
+    ts: float | None = None
+
+    @field_validator("x", mode="before")
+    @classmethod
+    def _check_features(cls, value: object) -> dict[str, float] | list[float]:
+        if isinstance(value, Mapping):
+            if not value:
+                raise PydanticCustomError("empty_features", "x has no features")
+            out: dict[str, float] = {}
+            for name, v in value.items():
+                if not isinstance(name, str):
+                    raise PydanticCustomError("wrong_type", "feature names must be strings")
+                out[name] = _finite_float(v, f"feature {name!r}")
+            return out
+        if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
+            if len(value) == 0:
+                raise PydanticCustomError("empty_features", "x has no features")
+            return [_finite_float(v, f"feature [{i}]") for i, v in enumerate(value)]
+        raise PydanticCustomError(
+            "wrong_type",
+            "x must be an object or a list of numbers, got {kind}",
+            {"kind": type(value).__name__},
+        )
+
+    @field_validator("y", mode="before")
+    @classmethod
+    def _check_label(cls, value: object) -> Label:
+        if value is None or (isinstance(value, str) and not value):
+            raise PydanticCustomError("missing_label", "label y is null or empty")
+        if isinstance(value, bool | str):
+            return value
+        if isinstance(value, np.bool_):
+            return bool(value)
+        if _is_number(value):
+            as_float = _finite_float(value, "label y")
+            return int(value) if isinstance(value, numbers.Integral) else as_float
+        raise PydanticCustomError(
+            "wrong_type",
+            "label y must be a bool, number or string, got {kind}",
+            {"kind": type(value).__name__},
+        )
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _check_key(cls, value: object) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        raise PydanticCustomError(
+            "wrong_type", "key must be a string, got {kind}", {"kind": type(value).__name__}
+        )
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _check_ts(cls, value: object) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                parsed = datetime.fromisoformat(value)
+            except ValueError:
+                raise PydanticCustomError(
+                    "invalid_timestamp", "ts is not an ISO 8601 date-time"
+                ) from None
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=UTC)
+            return parsed.timestamp()
+        return _finite_float(value, "ts")
+
+    @property
+    def dim(self) -> int:
+        """Number of features."""
+        return len(self.x)
+
+    def to_vector(self, feature_names: Sequence[str] | None = None) -> np.ndarray:
+        """Return the features as a float64 vector in the model's feature order.
+
+        Parameters
+        ----------
+        feature_names : sequence of str, optional
+            The model's feature order. Required when ``x`` is a dict; when ``x`` is a list
+            it only fixes the expected length.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(d,)``.
+
+        Raises
+        ------
+        RecordError
+            ``unknown_feature``, ``missing_feature`` or ``wrong_dimension``.
+
+        Examples
+        --------
+        >>> InputRecord(x={"b": 2, "a": 1}, y=0).to_vector(["a", "b"])
+        array([1., 2.])
+        """
+        if isinstance(self.x, list):
+            if feature_names is not None and len(self.x) != len(feature_names):
+                raise RecordError(
+                    "wrong_dimension",
+                    f"expected {len(feature_names)} features, got {len(self.x)}",
+                )
+            return np.asarray(self.x, dtype=np.float64)
+        if feature_names is None:
+            raise ValueError("feature_names is required when x is a dict")
+        unknown = self.x.keys() - set(feature_names)
+        if unknown:
+            shown = ", ".join(sorted(unknown)[:5])
+            raise RecordError("unknown_feature", f"unknown feature(s): {shown}")
+        try:
+            return np.fromiter(
+                (self.x[name] for name in feature_names),
+                dtype=np.float64,
+                count=len(feature_names),
+            )
+        except KeyError as err:
+            raise RecordError("missing_feature", f"feature {err.args[0]!r} is missing") from None
+
+
+def _record_error_from_validation(err: ValidationError) -> RecordError:
+    first = err.errors(include_url=False)[0]
+    kind, loc = first["type"], first.get("loc", ())
+    field = loc[0] if loc else None
+    if kind in REASONS:
+        return RecordError(kind, first["msg"])
+    if kind == "missing" and field == "y":
+        return RecordError("missing_label", "record has no label field 'y'")
+    if kind == "missing" and field == "x":
+        return RecordError("missing_features", "record has no feature field 'x'")
+    where = ".".join(str(p) for p in loc) or "record"
+    return RecordError("wrong_type", f"{where}: {first['msg']}")
+
+
+def parse_record(
+    raw: bytes | bytearray | memoryview | str | Mapping[str, Any], *, max_bytes: int = 1_000_000
+) -> InputRecord:
+    """Validate one untrusted input record.
+
+    Parameters
+    ----------
+    raw : bytes, str or dict
+        A JSON object as UTF-8 bytes or text, or an already decoded mapping (which skips the
+        size check: it was never a wire message).
+    max_bytes : int, default 1_000_000
+        Larger payloads are rejected *before* JSON decoding, so a huge message cannot
+        exhaust memory or CPU in the parser.
+
+    Returns
+    -------
+    InputRecord
+
+    Raises
+    ------
+    RecordError
+        With one of the :data:`REASONS` codes.
+
+    Examples
+    --------
+    >>> parse_record(b'{"x": {"a": 1.5}, "y": true}').y
+    True
+    >>> try:
+    ...     parse_record('{"x": {"a": NaN}, "y": 1}')
+    ... except RecordError as err:
+    ...     print(err.reason, "-", err.message)
+    non_finite - feature 'a' is not finite
+    """
+    if isinstance(raw, Mapping):
+        data: object = raw
+    else:
+        if isinstance(raw, str):
+            # len(str) <= len(utf-8 bytes): the cheap test settles most oversize cases.
+            if len(raw) > max_bytes or len(raw.encode("utf-8", "surrogatepass")) > max_bytes:
+                raise RecordError("oversize", f"record is larger than {max_bytes} bytes")
+        elif isinstance(raw, bytes | bytearray | memoryview):
+            if len(raw) > max_bytes:
+                raise RecordError("oversize", f"record is larger than {max_bytes} bytes")
+        else:
+            raise RecordError("wrong_type", f"cannot parse a {type(raw).__name__}")
+        try:
+            data = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
+        except UnicodeDecodeError:
+            raise RecordError("invalid_json", "record is not valid UTF-8") from None
+        except (ValueError, RecursionError) as err:
+            # ValueError covers JSONDecodeError; RecursionError a pathologically nested input.
+            kind = type(err).__name__
+            raise RecordError("invalid_json", f"record is not valid JSON ({kind})") from None
+    if not isinstance(data, Mapping):
+        raise RecordError("wrong_type", f"record must be a JSON object, got {type(data).__name__}")
+    try:
+        return InputRecord.model_validate(data)
+    except ValidationError as err:
+        raise _record_error_from_validation(err) from None
+
+
+class ReleaseMessage(BaseModel):
+    """One differentially private model release, as published on the release topic.
+
+    Parameters
+    ----------
+    schema_version : int, default 1
+    model_id : str
+        Stable identifier of the model; also the Kafka message key, so all releases of one
+        model land in one partition, in order.
+    algorithm : str
+        Name of the learner (e.g. ``"dp_ftrl_auc"``).
+    task : {"auc", "metric"}
+    step : int
+        Number of records learned from when this release was made (t in the papers).
+    release_index : int
+        0-based counter of releases of this model.
+    weights : list of float
+        The released weights, flattened in C order; finite.
+    shape : list of int
+        Shape of the weights, e.g. ``[d]`` for AUC or ``[d, d]`` for a metric.
+    feature_names : list of str
+    rho_spent, rho_budget : float
+        zCDP spent so far and the total budget (``None``: unbounded).
+    epsilon_spent, delta : float
+        The (epsilon, delta)-DP equivalent of ``rho_spent``.
+    exhausted : bool
+        True once the budget is used up: this is the final release.
+    time : float, default now
+        Unix seconds when the release was made.
+
+    Examples
+    --------
+    >>> msg = ReleaseMessage(model_id="m", algorithm="a", task="auc", step=10,
+    ...                      release_index=0, weights=[0.1, 0.2], shape=[2],
+    ...                      feature_names=["f0", "f1"], rho_spent=0.1, rho_budget=1.0,
+    ...                      epsilon_spent=2.3, delta=1e-6, exhausted=False, time=0.0)
+    >>> ReleaseMessage.from_json(msg.to_json()) == msg
+    True
+    >>> msg.weights_array().shape
+    (2,)
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    schema_version: int = 1
+    model_id: str = Field(min_length=1)
+    algorithm: str = Field(min_length=1)
+    task: Literal["auc", "metric"]
+    step: int = Field(ge=0)
+    release_index: int = Field(ge=0)
+    weights: list[float]
+    shape: list[int]
+    feature_names: list[str]
+    rho_spent: float = Field(ge=0)
+    rho_budget: float | None = Field(default=None, ge=0)
+    epsilon_spent: float = Field(ge=0)
+    delta: float = Field(ge=0, lt=1)
+    exhausted: bool
+    time: float = Field(default_factory=time.time)
+
+    @field_validator("shape")
+    @classmethod
+    def _check_shape(cls, value: list[int]) -> list[int]:
+        if any(n < 0 for n in value):
+            raise ValueError("shape entries must be non-negative")
+        return value
+
+    @model_validator(mode="after")
+    def _check_size(self) -> ReleaseMessage:
+        if math.prod(self.shape) != len(self.weights):
+            raise ValueError(
+                f"shape {self.shape} needs {math.prod(self.shape)} weights, got {len(self.weights)}"
+            )
+        return self
+
+    @classmethod
+    def from_weights(cls, weights: np.ndarray, **fields: Any) -> ReleaseMessage:
+        """Build a release from a weight array (flattened in C order, shape recorded).
+
+        Parameters
+        ----------
+        weights : numpy.ndarray
+        **fields
+            All other fields.
+
+        Returns
+        -------
+        ReleaseMessage
+        """
+        arr = np.asarray(weights, dtype=np.float64)
+        return cls(weights=arr.ravel().tolist(), shape=list(arr.shape), **fields)
+
+    def weights_array(self) -> np.ndarray:
+        """Return the weights as a float64 array of shape :attr:`shape`.
+
+        Returns
+        -------
+        numpy.ndarray
+        """
+        return np.asarray(self.weights, dtype=np.float64).reshape(self.shape)
+
+    def to_json(self) -> bytes:
+        """Serialise to compact UTF-8 JSON (the bytes published on the release topic)."""
+        return self.model_dump_json().encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ReleaseMessage:
+        """Parse and validate a release produced by :meth:`to_json`."""
+        return cls.model_validate_json(data)
+
+
+class DeadLetter(BaseModel):
+    """A rejected input record, as written to the dead-letter sink.
+
+    Parameters
+    ----------
+    reason : str
+        One of :data:`REASONS` (or another short code from the engine).
+    message : str
+        Human-readable explanation.
+    payload : str
+        The raw payload decoded as UTF-8 (invalid bytes replaced), cut to 10 000 characters.
+    payload_length : int
+        Length of the original payload in bytes (UTF-8 for text).
+    truncated : bool
+        True if ``payload`` was cut.
+    source_position : dict, optional
+        Where the record came from (e.g. topic, partition and offset, or line).
+    time : float, default now
+        Unix seconds when the record was rejected.
+
+    Notes
+    -----
+    Dead letters contain raw input: protect them like the input stream.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: str
+    message: str
+    payload: str
+    payload_length: int = Field(ge=0)
+    truncated: bool = False
+    source_position: dict[str, Any] | None = None
+    time: float = Field(default_factory=time.time)
+
+    @classmethod
+    def from_raw(
+        cls,
+        reason: str,
+        message: str,
+        payload: bytes | bytearray | memoryview | str | Mapping[str, Any] | None,
+        position: Mapping[str, Any] | None = None,
+    ) -> DeadLetter:
+        """Build a dead letter from whatever the source delivered.
+
+        Parameters
+        ----------
+        reason, message : str
+        payload : bytes, str, dict or None
+            The raw record. Mappings are rendered as JSON (non-JSON values via ``repr``).
+        position : dict, optional
+
+        Returns
+        -------
+        DeadLetter
+
+        Examples
+        --------
+        >>> DeadLetter.from_raw("invalid_json", "bad", b"\\xff{").payload
+        '\\ufffd{'
+        """
+        if payload is None:
+            raw = b""
+        elif isinstance(payload, Mapping):
+            raw = json.dumps(payload, default=repr, allow_nan=True).encode("utf-8")
+        elif isinstance(payload, str):
+            raw = payload.encode("utf-8", "surrogatepass")
+        else:
+            raw = bytes(payload)
+        # Decode only the head: a 1 GB payload must not be decoded in full just to be cut.
+        # Four bytes per character is the UTF-8 maximum, so the head always covers the limit.
+        head = raw[: 4 * _DEAD_LETTER_MAX_CHARS].decode("utf-8", errors="replace")
+        text = head[:_DEAD_LETTER_MAX_CHARS]
+        truncated = len(text) < len(head) or len(raw) > 4 * _DEAD_LETTER_MAX_CHARS
+        return cls(
+            reason=reason,
+            message=message,
+            payload=text,
+            payload_length=len(raw),
+            truncated=truncated,
+            source_position=dict(position) if position is not None else None,
+        )
+
+    def to_json(self) -> bytes:
+        """Serialise to compact UTF-8 JSON."""
+        return self.model_dump_json().encode("utf-8")

@@ -1,0 +1,1 @@
+"""Integration tests against a real Apache Kafka broker (``pytest -m kafka``)."""
