@@ -174,6 +174,10 @@ class InputRecord(BaseModel):
     @field_validator("x", mode="before")
     @classmethod
     def _check_features(cls, value: object) -> dict[str, float] | list[float]:
+        if isinstance(value, np.ndarray):
+            if value.ndim != 1:
+                raise PydanticCustomError("wrong_type", "x must be one-dimensional")
+            value = value.tolist()
         if isinstance(value, Mapping):
             if not value:
                 raise PydanticCustomError("empty_features", "x has no features")

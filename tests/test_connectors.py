@@ -1,0 +1,679 @@
+"""Unit tests for connectors: schemas, file/iterable sources, sinks (no broker needed)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import pickle
+import socket
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+import connectors
+from connectors import (
+    REASONS,
+    CallbackSink,
+    CsvSource,
+    DeadLetter,
+    DeadLetterSink,
+    InputRecord,
+    IterableSource,
+    JsonlSink,
+    JsonlSource,
+    KafkaSink,
+    KafkaSinkError,
+    KafkaSource,
+    RecordError,
+    ReleaseMessage,
+    Sink,
+    Source,
+    SourceMessage,
+    StdoutSink,
+    parse_record,
+    publish_release,
+)
+
+# --------------------------------------------------------------------------------------------
+# parse_record / InputRecord
+# --------------------------------------------------------------------------------------------
+
+BAD_RECORDS: list[tuple[Any, str]] = [
+    (b"{not json", "invalid_json"),
+    (b"", "invalid_json"),
+    ("[1, 2", "invalid_json"),
+    (b"\xff\xfe\x00garbage", "invalid_json"),
+    (b"[" * 100_000 + b"]" * 100_000, "invalid_json"),  # too deeply nested to parse
+    (b'{"x": [1], "y": 1, "pad": "' + b"a" * 1_000_000 + b'"}', "oversize"),
+    (b'{"x": [1.0]}', "missing_label"),
+    (b'{"x": [1.0], "y": null}', "missing_label"),
+    (b'{"x": [1.0], "y": ""}', "missing_label"),
+    (b'{"y": 1}', "missing_features"),
+    (b'{"x": {}, "y": 1}', "empty_features"),
+    (b'{"x": [], "y": 1}', "empty_features"),
+    (b'{"x": [NaN], "y": 1}', "non_finite"),
+    (b'{"x": {"a": Infinity}, "y": 1}', "non_finite"),
+    (b'{"x": {"a": -Infinity}, "y": 1}', "non_finite"),
+    (b'{"x": {"a": 1e999}, "y": 1}', "non_finite"),
+    (b'{"x": [1], "y": NaN}', "non_finite"),
+    (b'{"x": [1], "y": 1, "ts": Infinity}', "non_finite"),
+    ({"x": {"a": 10**400}, "y": 1}, "non_finite"),
+    (b'{"x": {"a": "1.5"}, "y": 1}', "wrong_type"),
+    (b'{"x": {"a": true}, "y": 1}', "wrong_type"),
+    (b'{"x": [1, false], "y": 1}', "wrong_type"),
+    (b'{"x": [1, null], "y": 1}', "wrong_type"),
+    (b'{"x": [[1]], "y": 1}', "wrong_type"),
+    ({"x": np.ones((2, 2)), "y": 1}, "wrong_type"),
+    ({"x": np.array([True]), "y": 1}, "wrong_type"),
+    (b'{"x": "1,2", "y": 1}', "wrong_type"),
+    (b'{"x": 3, "y": 1}', "wrong_type"),
+    (b'{"x": [1], "y": [1]}', "wrong_type"),
+    (b'{"x": [1], "y": {"c": 1}}', "wrong_type"),
+    (b'{"x": [1], "y": 1, "key": 7}', "wrong_type"),
+    (b'{"x": [1], "y": 1, "ts": true}', "wrong_type"),
+    (b"[1, 2, 3]", "wrong_type"),
+    (b'"just a string"', "wrong_type"),
+    (b"42", "wrong_type"),
+    (b'{"x": [1], "y": 1, "ts": "yesterday"}', "invalid_timestamp"),
+]
+
+
+@pytest.mark.parametrize(("raw", "reason"), BAD_RECORDS)
+def test_parse_record_rejects_with_reason(raw: Any, reason: str) -> None:
+    with pytest.raises(RecordError) as info:
+        parse_record(raw)
+    assert info.value.reason == reason
+    assert info.value.reason in REASONS
+    assert info.value.message
+    assert str(info.value).startswith(reason + ":")
+
+
+def test_every_parse_reason_is_exercised() -> None:
+    parse_reasons = set(REASONS) - {"unknown_feature", "missing_feature", "wrong_dimension"}
+    assert {reason for _, reason in BAD_RECORDS} == parse_reasons
+
+
+def test_oversize_is_checked_before_decoding() -> None:
+    raw = b'{"x": [1], "y": 1, "pad": "' + b"a" * 200 + b'"}'
+    assert parse_record(raw, max_bytes=len(raw)).y == 1
+    with pytest.raises(RecordError) as info:
+        parse_record(raw, max_bytes=len(raw) - 1)
+    assert info.value.reason == "oversize"
+    # For text, the limit is on UTF-8 bytes, not characters.
+    text = '{"x": [1], "y": "' + "é" * 10 + '"}'
+    with pytest.raises(RecordError, match="oversize"):
+        parse_record(text, max_bytes=len(text))
+    assert parse_record(text, max_bytes=len(text.encode())).y == "é" * 10
+
+
+def test_record_error_is_value_error_and_pickles() -> None:
+    err = RecordError("non_finite", "feature 'a' is not finite")
+    assert isinstance(err, ValueError)
+    clone = pickle.loads(pickle.dumps(err))
+    assert (clone.reason, clone.message) == (err.reason, err.message)
+    assert RecordError("oversize").message == "oversize"
+
+
+def test_messages_do_not_quote_feature_values() -> None:
+    with pytest.raises(RecordError) as info:
+        parse_record(b'{"x": {"salary": "secret-123"}, "y": 1}')
+    assert "secret-123" not in str(info.value)
+    assert "salary" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "x", "y"),
+    [
+        (b'{"x": {"a": 1, "b": 2.5}, "y": 1}', {"a": 1.0, "b": 2.5}, 1),
+        (b'{"x": [0, -1.5, 3], "y": true}', [0.0, -1.5, 3.0], True),
+        (b'{"x": [1], "y": "positive"}', [1.0], "positive"),
+        (b'{"x": [1], "y": -0.25}', [1.0], -0.25),
+        ('{"x": {"a": 1}, "y": 0}', {"a": 1.0}, 0),
+        ({"x": {"a": np.float32(1.5)}, "y": np.int64(2)}, {"a": 1.5}, 2),
+        ({"x": np.array([1.0, 2.0]), "y": np.bool_(True)}, [1.0, 2.0], True),
+        ({"x": np.array([1, 2]), "y": 1}, [1.0, 2.0], 1),
+    ],
+)
+def test_parse_record_accepts_valid(raw: Any, x: Any, y: Any) -> None:
+    rec = parse_record(raw)
+    assert rec.x == x
+    assert rec.y == y
+    assert type(rec.y) is type(y)
+    assert all(type(v) is float for v in (rec.x.values() if isinstance(rec.x, dict) else rec.x))
+
+
+def test_label_types_are_preserved() -> None:
+    assert type(parse_record(b'{"x": [1], "y": 1}').y) is int
+    assert type(parse_record(b'{"x": [1], "y": 1.0}').y) is float
+    assert type(parse_record(b'{"x": [1], "y": false}').y) is bool
+
+
+def test_key_ts_and_extra_fields() -> None:
+    rec = parse_record(b'{"x": [1], "y": 1, "key": "u1", "ts": 12.5, "source": "app"}')
+    assert rec.key == "u1"
+    assert rec.ts == 12.5
+    assert not hasattr(rec, "source")
+    z = parse_record(b'{"x": [1], "y": 1, "ts": "2024-01-01T00:00:00Z"}')
+    assert z.ts == 1704067200.0
+    naive = parse_record(b'{"x": [1], "y": 1, "ts": "2024-01-01T00:00:00"}')
+    assert naive.ts == 1704067200.0, "naive ISO timestamps are UTC"
+    offset = parse_record(b'{"x": [1], "y": 1, "ts": "2024-01-01T01:00:00+01:00"}')
+    assert offset.ts == 1704067200.0
+    assert parse_record(b'{"x": [1], "y": 1, "ts": 5}').ts == 5.0
+
+
+def test_input_record_is_frozen() -> None:
+    rec = InputRecord(x=[1.0], y=1)
+    with pytest.raises(ValidationError):
+        rec.y = 0  # type: ignore[misc]
+
+
+def test_to_vector() -> None:
+    rec = InputRecord(x={"b": 2, "a": 1}, y=0)
+    np.testing.assert_array_equal(rec.to_vector(["a", "b"]), [1.0, 2.0])
+    assert rec.to_vector(["a", "b"]).dtype == np.float64
+    assert rec.dim == 2
+    with pytest.raises(RecordError) as info:
+        rec.to_vector(["a"])
+    assert info.value.reason == "unknown_feature"
+    with pytest.raises(RecordError) as info:
+        rec.to_vector(["a", "b", "c"])
+    assert info.value.reason == "missing_feature"
+    with pytest.raises(ValueError, match="feature_names"):
+        rec.to_vector()
+    listed = InputRecord(x=[1, 2, 3], y=0)
+    np.testing.assert_array_equal(listed.to_vector(), [1.0, 2.0, 3.0])
+    with pytest.raises(RecordError) as info:
+        listed.to_vector(["a", "b"])
+    assert info.value.reason == "wrong_dimension"
+
+
+# --------------------------------------------------------------------------------------------
+# ReleaseMessage / DeadLetter
+# --------------------------------------------------------------------------------------------
+
+
+def release(**overrides: Any) -> ReleaseMessage:
+    fields: dict[str, Any] = {
+        "model_id": "model-a",
+        "algorithm": "onpairstrc",
+        "task": "auc",
+        "step": 100,
+        "release_index": 3,
+        "weights": [0.1, -0.2, 0.3],
+        "shape": [3],
+        "feature_names": ["f0", "f1", "f2"],
+        "rho_spent": 0.25,
+        "rho_budget": 1.0,
+        "epsilon_spent": 3.1,
+        "delta": 1e-6,
+        "exhausted": False,
+        "time": 1_700_000_000.0,
+    }
+    fields.update(overrides)
+    return ReleaseMessage(**fields)
+
+
+def test_release_round_trip_and_weights_array() -> None:
+    msg = release()
+    assert msg.schema_version == 1
+    data = msg.to_json()
+    assert isinstance(data, bytes)
+    assert ReleaseMessage.from_json(data) == msg
+    assert set(json.loads(data)) == set(ReleaseMessage.model_fields)
+    np.testing.assert_array_equal(msg.weights_array(), [0.1, -0.2, 0.3])
+
+    w = np.arange(6, dtype=float).reshape(2, 3)
+    metric = ReleaseMessage.from_weights(
+        w,
+        **{k: v for k, v in release().model_dump().items() if k not in ("weights", "shape")}
+        | {"task": "metric"},
+    )
+    assert metric.shape == [2, 3]
+    np.testing.assert_array_equal(metric.weights_array(), w)
+    assert ReleaseMessage.from_json(metric.to_json()).weights_array().shape == (2, 3)
+
+
+def test_release_defaults_time_to_now() -> None:
+    fields = release().model_dump()
+    del fields["time"]
+    before = time.time()
+    assert before <= ReleaseMessage(**fields).time <= time.time()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"raw_records": [[1, 2]]},  # extra fields are forbidden: no raw data can sneak in
+        {"task": "regression"},
+        {"shape": [2]},
+        {"shape": [-3]},
+        {"weights": [0.1, math.nan, 0.3]},
+        {"weights": [0.1, math.inf, 0.3]},
+        {"step": -1},
+        {"delta": 1.0},
+        {"rho_spent": -0.1},
+        {"model_id": ""},
+    ],
+)
+def test_release_validation(overrides: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        release(**overrides)
+
+
+def test_release_is_frozen_and_budget_optional() -> None:
+    msg = release(rho_budget=None)
+    assert msg.rho_budget is None
+    with pytest.raises(ValidationError):
+        msg.step = 5  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        ReleaseMessage.from_json(msg.to_json().replace(b'"task":"auc"', b'"task":"auc","x":1'))
+
+
+def test_dead_letter_from_raw() -> None:
+    letter = DeadLetter.from_raw("invalid_json", "bad", b"\xff{", {"line": 3})
+    assert letter.payload == "\ufffd{"
+    assert letter.payload_length == 2
+    assert not letter.truncated
+    assert letter.source_position == {"line": 3}
+    assert DeadLetter.model_validate_json(letter.to_json()) == letter
+
+    big = DeadLetter.from_raw("oversize", "too big", b"a" * 50_000)
+    assert len(big.payload) == 10_000
+    assert big.payload_length == 50_000
+    assert big.truncated
+
+    exact = DeadLetter.from_raw("oversize", "", "é" * 10_000)
+    assert len(exact.payload) == 10_000 and not exact.truncated
+    assert exact.payload_length == 20_000
+
+    multibyte = DeadLetter.from_raw("oversize", "", "😀" * 10_001)
+    assert multibyte.payload == "😀" * 10_000 and multibyte.truncated
+
+    as_dict = DeadLetter.from_raw("wrong_type", "", {"x": {"a": "s"}, "y": object()})
+    assert json.loads(as_dict.payload)["y"].startswith("<object")
+    assert DeadLetter.from_raw("invalid_json", "", None).payload_length == 0
+    with pytest.raises(ValidationError):
+        DeadLetter(reason="r", message="m", payload="p", payload_length=1, extra=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------
+
+
+def values(source: Any) -> list[bytes]:
+    return [m.value for m in source]
+
+
+def test_sources_and_sinks_satisfy_protocols(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text("")
+    (tmp_path / "a.csv").write_text("f,y\n")
+    for src in (
+        IterableSource([]),
+        JsonlSource(tmp_path / "a.jsonl"),
+        CsvSource(tmp_path / "a.csv", "y"),
+        KafkaSource("t", "127.0.0.1:1", "g"),
+    ):
+        assert isinstance(src, Source)
+        src.close()
+    for sink in (
+        JsonlSink(tmp_path / "o.jsonl"),
+        StdoutSink(),
+        CallbackSink(print),
+        KafkaSink("t", "127.0.0.1:1"),
+    ):
+        assert isinstance(sink, Sink)
+    assert set(connectors.__all__) <= set(dir(connectors))
+
+
+def test_iterable_source_encodes_items() -> None:
+    items = [
+        {"x": {"a": np.float64(1.0), "b": np.int32(2)}, "y": 1},
+        '{"x": [1], "y": 0}',
+        b'{"x": [2], "y": 1}',
+        {"x": [math.nan], "y": 1},
+        {"x": [1], "y": object()},
+    ]
+    src = IterableSource(items)
+    msgs = list(src)
+    assert [m.position for m in msgs] == [{"line": i} for i in range(5)]
+    assert parse_record(msgs[0].value).x == {"a": 1.0, "b": 2.0}
+    assert parse_record(msgs[1].value).y == 0
+    assert parse_record(msgs[2].value).y == 1
+    with pytest.raises(RecordError, match="non_finite"):
+        parse_record(msgs[3].value)
+    with pytest.raises(RecordError, match="invalid_json"):
+        parse_record(msgs[4].value)
+    assert src.positions() == {"line": 5}
+    assert list(src) == [], "a source is a cursor: a second pass continues at the end"
+
+
+def test_iterable_source_seek_rewindable_and_one_shot() -> None:
+    data = [f'{{"x": [{i}], "y": 1}}' for i in range(6)]
+    src = IterableSource(data)
+    first = [m.position["line"] for _, m in zip(range(3), src, strict=False)]
+    assert first == [0, 1, 2]
+    assert src.positions() == {"line": 3}
+    src.seek({"line": 1})
+    assert [m.position["line"] for m in src] == [1, 2, 3, 4, 5]
+    src.seek({"line": 4})
+    assert [m.position["line"] for m in src] == [4, 5]
+
+    gen = IterableSource(d for d in data)
+    gen.seek({"line": 2})  # forward seeks work even on one-shot iterators
+    it = iter(gen)
+    assert next(it).position == {"line": 2}
+    with pytest.raises(ValueError, match="one-shot"):
+        gen.seek({"line": 0})
+    assert [m.position["line"] for m in gen] == [3, 4, 5]
+
+
+@pytest.mark.parametrize("bad", [{}, {"line": -1}, {"line": "3"}, {"line": True}, {"t:0": 3}])
+def test_file_positions_are_validated(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        IterableSource([]).seek(bad)
+
+
+def test_jsonl_source_lines_blank_lines_and_resume(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(
+        b'{"x": [0], "y": 1}\n\n   \n{"x": [3], "y": 0}\r\nnot json\n{"x": [5], "y": 1}'
+    )
+    with JsonlSource(path) as src:
+        msgs = list(src)
+        assert [m.position["line"] for m in msgs] == [0, 3, 4, 5]
+        assert msgs[1].value == b'{"x": [3], "y": 0}'
+        assert msgs[2].value == b"not json"
+        assert src.positions() == {"line": 6}
+        assert src.commit() is True
+
+    # Resume a new instance from a checkpoint, as after a restart.
+    with JsonlSource(path) as src:
+        it = iter(src)
+        assert next(it).position == {"line": 0}
+        checkpoint = src.positions()
+    assert checkpoint == {"line": 1}
+    with JsonlSource(path) as resumed:
+        resumed.seek(json.loads(json.dumps(checkpoint)))
+        assert [m.position["line"] for m in resumed] == [3, 4, 5]
+
+    with pytest.raises(FileNotFoundError):
+        JsonlSource(tmp_path / "missing.jsonl")
+    src = JsonlSource(path)
+    src.close()
+    with pytest.raises(ValueError, match="closed"):
+        list(src)
+
+
+def test_cursor_survives_break(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(f'{{"x": [{i}], "y": 1}}\n' for i in range(5)))
+    src = JsonlSource(path)
+    for msg in src:
+        if msg.position["line"] == 1:
+            break
+    assert src.positions() == {"line": 2}
+    assert [m.position["line"] for m in src] == [2, 3, 4]
+
+
+def test_csv_source_rows_to_records(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text(
+        "id,a,b,label,when\n"
+        "u1,1,2.5,1,2024-01-01T00:00:00Z\n"
+        "u2,3,x,0,5\n"  # non-numeric feature
+        "u3,4,5,,6\n"  # missing label
+        "u4,nan,1,1,7\n"  # non-finite
+        "u5,1,2,yes,8\n"  # string label
+        "u6,1\n"  # short row
+        "u7,1,2,1,9,surplus\n"  # long row
+        '"u8",1,2,0.5,10\n'
+    )
+    src = CsvSource(path, "label", key_column="id", ts_column="when")
+    assert src.feature_columns == ["a", "b"]
+    outcomes = []
+    for msg in src:
+        try:
+            rec = parse_record(msg.value)
+            outcomes.append((msg.position["line"], rec.x, rec.y, rec.key, rec.ts))
+        except RecordError as err:
+            outcomes.append((msg.position["line"], err.reason))
+    assert outcomes == [
+        (0, {"a": 1.0, "b": 2.5}, 1, "u1", 1704067200.0),
+        (1, "wrong_type"),
+        (2, "missing_label"),
+        (3, "non_finite"),
+        (4, {"a": 1.0, "b": 2.0}, "yes", "u5", 8.0),
+        (5, "wrong_type"),
+        (6, "wrong_type"),
+        (7, {"a": 1.0, "b": 2.0}, 0.5, "u8", 10.0),
+    ]
+    src.seek({"line": 6})
+    assert [m.position["line"] for m in src] == [6, 7]
+    src.close()
+
+
+def test_csv_source_columns_and_quoting(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text('a;b;note;y\n1;2;"multi\nline";1\n3;4;plain;0\n', newline="")
+    src = CsvSource(path, "y", feature_columns=["b", "a"], delimiter=";")
+    msgs = list(src)
+    assert [m.position for m in msgs] == [{"line": 0}, {"line": 1}]
+    assert parse_record(msgs[0].value).to_vector(["a", "b"]).tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match="lacks column"):
+        CsvSource(path, "label")
+    with pytest.raises(ValueError, match="lacks column"):
+        CsvSource(path, "y", feature_columns=["a", "zz"])
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(ValueError, match="header"):
+        CsvSource(tmp_path / "empty.csv", "y")
+    with pytest.raises(FileNotFoundError):
+        CsvSource(tmp_path / "nope.csv", "y")
+
+
+def test_csv_source_tolerates_bad_encoding(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"a,y\n\xff\xfe,1\n2,0\n")
+    reasons = []
+    for msg in CsvSource(path, "y"):
+        try:
+            parse_record(msg.value)
+            reasons.append("ok")
+        except RecordError as err:
+            reasons.append(err.reason)
+    assert reasons == ["wrong_type", "ok"]
+
+
+# --------------------------------------------------------------------------------------------
+# Kafka source/sink configuration and outage behaviour without a broker
+# --------------------------------------------------------------------------------------------
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_kafka_settings_are_validated() -> None:
+    with pytest.raises(TypeError, match="unknown KafkaConsumer"):
+        KafkaSource("t", "127.0.0.1:1", "g", sasl_plain_usernme="typo")
+    with pytest.raises(ValueError, match="manages"):
+        KafkaSource("t", "127.0.0.1:1", "g", consumer_config={"enable_auto_commit": True})
+    with pytest.raises(ValueError, match="group_id"):
+        KafkaSource("t", "127.0.0.1:1", "")
+    with pytest.raises(TypeError, match="unknown KafkaProducer"):
+        KafkaSink("t", "127.0.0.1:1", ssl_cafiel="x")
+    with pytest.raises(ValueError, match="manages"):
+        KafkaSink("t", "127.0.0.1:1", acks=1)
+    # Security settings pass straight through (nothing connects until first use).
+    src = KafkaSource(
+        "t",
+        "127.0.0.1:1",
+        "g",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="u",
+        sasl_plain_password="p",
+    )
+    assert src._config["security_protocol"] == "SASL_SSL"
+    assert src._config["enable_auto_commit"] is False
+    assert src._config["auto_offset_reset"] == "earliest"
+    sink = KafkaSink("t", "127.0.0.1:1", ssl_cafile="/ca.pem")
+    assert sink._config["enable_idempotence"] is True and sink._config["acks"] == "all"
+
+
+def test_kafka_positions_seek_and_parse() -> None:
+    src = KafkaSource("events", "127.0.0.1:1", "g")
+    src.seek({"events:0": 10, "events:2": 7, "other:0": 3})
+    assert src.positions() == {"events:0": 10, "events:2": 7}
+    for bad in ({"events": 1}, {"events:x": 1}, {"events:0": -1}, {"events:0": "5"}):
+        with pytest.raises(ValueError):
+            src.seek(bad)
+    with pytest.raises(ValueError):
+        KafkaSource("a:b", "127.0.0.1:1", "g")
+    src.close()
+
+
+def test_kafka_source_rides_out_unreachable_broker(caplog: pytest.LogCaptureFixture) -> None:
+    src = KafkaSource(
+        "t",
+        f"127.0.0.1:{unused_port()}",
+        "g",
+        max_idle_seconds=2.0,
+        retry_backoff_max_s=0.5,
+        commit_timeout_s=1.0,
+        consumer_config={"bootstrap_timeout_ms": 300},
+    )
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="connectors"):
+        assert list(src) == []
+        assert src.commit({"t:0": 5}) is False
+    assert time.monotonic() - start < 15
+    assert any("retry" in r.getMessage() for r in caplog.records if r.name.startswith("connectors"))
+    src.close()
+
+
+def test_kafka_sink_raises_rather_than_dropping() -> None:
+    sink = KafkaSink(
+        "t",
+        f"127.0.0.1:{unused_port()}",
+        delivery_timeout_s=1.5,
+        retry_backoff_max_s=0.2,
+        max_block_ms=300,
+    )
+    start = time.monotonic()
+    with pytest.raises(KafkaSinkError, match="could not send"):
+        sink.send("k", b"{}")
+    assert time.monotonic() - start < 15
+    with pytest.raises(TypeError):
+        sink.send("k", "not bytes")  # type: ignore[arg-type]
+    sink.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Sinks
+# --------------------------------------------------------------------------------------------
+
+
+def test_jsonl_sink_appends_and_validates(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "out.jsonl"
+    with JsonlSink(path) as sink:
+        sink.send("m", b'{"i": 0}')
+        assert path.read_bytes() == b'{"i": 0}\n', "flushed per message by default"
+        with pytest.raises(ValueError, match="line breaks"):
+            sink.send("m", b'{"i":\n1}')
+        with pytest.raises(TypeError):
+            sink.send("m", '{"i": 1}')  # type: ignore[arg-type]
+    with JsonlSink(path, flush_each=False, fsync=True) as sink:
+        sink.send(None, bytearray(b'{"i": 1}'))
+        sink.flush()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"i": 0}, {"i": 1}]
+    sink.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        sink.send("m", b"{}")
+    # Lines written by the sink read back through the source.
+    assert [m.position["line"] for m in JsonlSource(path)] == [0, 1]
+
+
+def test_jsonl_sink_file_mode(tmp_path: Path) -> None:
+    path = tmp_path / "dead.jsonl"
+    JsonlSink(path, file_mode=0o600).close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_stdout_and_callback_sinks(capsys: pytest.CaptureFixture[str]) -> None:
+    sink = StdoutSink()
+    sink.send("k", b'{"a": 1}')
+    sink.close()
+    assert capsys.readouterr().out == '{"a": 1}\n'
+    buf = io.StringIO()
+    StdoutSink(buf).send(None, b"\xff")
+    assert buf.getvalue() == "\ufffd\n"
+
+    seen: list[tuple[str | None, bytes]] = []
+    cb = CallbackSink(lambda k, v: seen.append((k, v)))
+    publish_release(cb, release())
+    cb.flush()
+    cb.close()
+    assert seen[0][0] == "model-a"
+    assert ReleaseMessage.from_json(seen[0][1]) == release()
+
+
+def test_dead_letter_sink_counts(tmp_path: Path) -> None:
+    path = tmp_path / "dead.jsonl"
+    inner = JsonlSink(path)
+    dead = DeadLetterSink(inner)
+    src = IterableSource([b"{bad", b'{"x": [1]}', b'{"x": [1], "y": 1}', b"[]", b"{also bad"])
+    good = []
+    for msg in src:
+        try:
+            good.append(parse_record(msg.value))
+        except RecordError as err:
+            dead.send_error(err, msg.value, msg.position)
+    dead.send_dead("unknown_feature", "feature 'z'", {"x": {"z": 1}, "y": 0})
+    dead.close()
+
+    assert len(good) == 1
+    assert dead.counts == {
+        "invalid_json": 2,
+        "missing_label": 1,
+        "wrong_type": 1,
+        "unknown_feature": 1,
+    }
+    assert dead.total == 5
+    letters = [DeadLetter.model_validate_json(line) for line in path.read_bytes().splitlines()]
+    assert [d.reason for d in letters] == [
+        "invalid_json",
+        "missing_label",
+        "wrong_type",
+        "invalid_json",
+        "unknown_feature",
+    ]
+    assert letters[0].payload == "{bad" and letters[0].source_position == {"line": 0}
+    assert letters[-1].source_position is None
+
+
+def test_dead_letter_sink_counts_only_delivered() -> None:
+    def boom(key: str | None, value: bytes) -> None:
+        raise OSError("disk full")
+
+    dead = DeadLetterSink(CallbackSink(boom))
+    with pytest.raises(OSError):
+        dead.send_dead("invalid_json", "bad", b"{")
+    assert dead.total == 0
+
+
+def test_source_message_is_immutable() -> None:
+    msg = SourceMessage(b"{}", {"line": 0})
+    with pytest.raises(AttributeError):
+        msg.value = b"x"  # type: ignore[misc]
+    assert msg.key is None
