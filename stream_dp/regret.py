@@ -33,18 +33,32 @@ class RegretTracker:
         self.steps = 0
         self._xs: list[np.ndarray] = []
         self._ys: list[float] = []
-        self._members: list[np.ndarray] = []
+        self._members: list[np.ndarray | None] = []
+        self._row_of_step: dict[int, int] = {}
 
     def record(self, penalty: float) -> None:
         self.cumulative += penalty
         self.steps += 1
 
-    def remember(self, x: np.ndarray, y: float, member_ids: np.ndarray) -> None:
-        """Store record t and the ids (1-based arrival steps) of its buffer partners."""
+    def remember(
+        self,
+        x: np.ndarray,
+        y: float,
+        member_ids: np.ndarray,
+        step: int | None = None,
+        scored: bool = True,
+    ) -> None:
+        """Store record ``step`` and the ids (1-based arrival steps) of its buffer partners.
+
+        Every record must be remembered, even on a step with no served model (``scored=False``):
+        it can still be a partner of later scored steps, whose ``member_ids`` name it by step.
+        """
         if self.keep_history:
+            step = len(self._xs) + 1 if step is None else int(step)
+            self._row_of_step[step] = len(self._xs)
             self._xs.append(x.copy())
             self._ys.append(y)
-            self._members.append(member_ids.copy())
+            self._members.append(member_ids.copy() if scored else None)
 
     @property
     def average_penalty(self) -> float:
@@ -70,11 +84,20 @@ class RegretTracker:
         X = np.asarray(self._xs)
         Y = np.asarray(self._ys)
         a_idx, b_idx, weight = [], [], []
+        lookup = np.full(max(self._row_of_step, default=0) + 2, -1, dtype=np.int64)
+        lookup[list(self._row_of_step)] = list(self._row_of_step.values())
+        n_steps = 0
         for t, m in enumerate(self._members):
-            if len(m):
-                a_idx.append(np.full(len(m), t))
-                b_idx.append(m - 1)
-                weight.append(np.full(len(m), 1.0 / len(m)))
+            if m is None:
+                continue  # not a scored step (no model was served yet)
+            n_steps += 1
+            ids = np.asarray(m, dtype=np.int64)
+            rows = lookup[ids[(ids >= 0) & (ids < len(lookup))]]
+            rows = rows[rows >= 0]
+            if len(rows):
+                a_idx.append(np.full(len(rows), t))
+                b_idx.append(rows)
+                weight.append(np.full(len(rows), 1.0 / len(rows)))
         if not a_idx:
             return np.zeros(shape), 0.0, True
         a = np.concatenate(a_idx)
@@ -91,7 +114,6 @@ class RegretTracker:
         c = _coefficients(loss, Y[a], Y[b])
         const = loss.constants(float(np.max(np.linalg.norm(X, axis=1))), constraint.radius)
         lr = 1.0 / max(const.smoothness, 1e-12) if math.isfinite(const.smoothness) else 0.1
-        n_steps = len(self._members)
 
         def objective(w: np.ndarray) -> float:
             return float(scale * (wt * loss.pair_values(w, D, c)).sum())

@@ -176,14 +176,14 @@ class PairwiseOnlineBase(base.Estimator):
         return huai_step_size(t, float(self.alpha))
 
     def _track_penalty(self, t: int, xv: np.ndarray, yv: float) -> None:
-        if not self.track_regret or t < 2:
+        if not self.track_regret:
             return
-        served = self._served_weights()
-        if served is None:
-            return
-        X, Y = self._buffer.view()
-        self.regret.record(self._loss.value(served, xv, yv, X, Y))
-        self.regret.remember(xv, yv, self._buffer.member_ids())
+        served = self._served_weights() if t >= 2 else None
+        if served is not None:
+            X, Y = self._buffer.view()
+            self.regret.record(self._loss.value(served, xv, yv, X, Y))
+        # Remember every record (partners are named by arrival step), scored or not.
+        self.regret.remember(xv, yv, self._buffer.member_ids(), step=t, scored=served is not None)
 
     def _served_weights(self) -> np.ndarray | None:  # pragma: no cover - abstract
         raise NotImplementedError
