@@ -93,6 +93,7 @@ cmd_fetch() {
 # --- run-directory helpers ------------------------------------------------------------------
 
 parse_common() {
+    CREATE_RUNDIR="${CREATE_RUNDIR:-0}"
     RUNDIR="$DEFAULT_RUNDIR"
     PORT=""
     CONTROLLER_PORT=""
@@ -129,8 +130,15 @@ parse_common() {
     for value in "$PORT" "$CONTROLLER_PORT" "$TIMEOUT"; do
         [[ -z "$value" || "$value" =~ ^[0-9]+$ ]] || die "expected a positive integer, got '$value'"
     done
-    mkdir -p "$RUNDIR"
-    RUNDIR="$(cd "$RUNDIR" && pwd)"
+    # Only `start` may create the run directory; stop/status on a typo'd path should not.
+    if [[ "$CREATE_RUNDIR" == 1 ]]; then
+        mkdir -p "$RUNDIR"
+    fi
+    RUNDIR_EXISTS=0
+    if [[ -d "$RUNDIR" ]]; then
+        RUNDIR_EXISTS=1
+        RUNDIR="$(cd "$RUNDIR" && pwd)"
+    fi
     PID_FILE="$RUNDIR/kafka.pid"
     BOOTSTRAP_FILE="$RUNDIR/bootstrap"
     PROPS="$RUNDIR/server.properties"
@@ -259,7 +267,7 @@ format_storage() {
 }
 
 cmd_start() {
-    parse_common "$@"
+    CREATE_RUNDIR=1 parse_common "$@"
     local timeout="${TIMEOUT:-$START_TIMEOUT}" pid existing_port java log_offset deadline
     check_java
     command -v "$PYTHON" >/dev/null 2>&1 || die "python ('$PYTHON') not found; set PYTHON"
@@ -359,6 +367,10 @@ stop_pid() {
 cmd_stop() {
     parse_common "$@"
     local pid timeout="${TIMEOUT:-$STOP_TIMEOUT}"
+    if [[ "$RUNDIR_EXISTS" == 0 ]]; then
+        note "no run directory $RUNDIR; nothing to stop"
+        return 0
+    fi
     if ! pid="$(running_pid)"; then
         note "no broker running in $RUNDIR"
         rm -f "$PID_FILE"
