@@ -6,15 +6,7 @@ import logging
 import random
 import time
 
-import kafka.errors as kafka_errors
-
 __all__ = ["Backoff", "is_retriable"]
-
-# kafka-python < 3 raised NoBrokersAvailable when the bootstrap servers were unreachable;
-# 3.x raises KafkaTimeoutError (retriable). Accept both so either version behaves.
-_NO_BROKERS: tuple[type[BaseException], ...] = tuple(
-    cls for cls in (getattr(kafka_errors, "NoBrokersAvailable", None),) if isinstance(cls, type)
-)
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -30,7 +22,13 @@ def is_retriable(exc: BaseException) -> bool:
         True for kafka-python errors flagged ``retriable`` (timeouts, connection errors,
         coordinator or leader moves), "no brokers available", and OS-level connection errors.
     """
-    if isinstance(exc, _NO_BROKERS):
+    # Imported here so that file-only users of connectors never load the Kafka client.
+    import kafka.errors as kafka_errors
+
+    # kafka-python < 3 raised NoBrokersAvailable when the bootstrap servers were unreachable;
+    # 3.x raises KafkaTimeoutError (retriable). Accept both so either version behaves.
+    no_brokers = getattr(kafka_errors, "NoBrokersAvailable", None)
+    if isinstance(no_brokers, type) and isinstance(exc, no_brokers):
         return True
     if isinstance(exc, kafka_errors.KafkaError):
         return bool(getattr(exc, "retriable", False))
