@@ -405,6 +405,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             self._window.clear()  # warm-up releases are noise: keep them out of the average
             self._window_learned = True
         self._window.append(w)
+        self._smoothed = None  # the mean is recomputed on the next read
 
     # -- what leaves the trust boundary --------------------------------------------------------
     @property
@@ -417,7 +418,9 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         """Mean of the last ``smoothing_window`` releases: post-processing, costs no budget."""
         if not self._window:
             return None
-        return np.mean(np.stack(self._window), axis=0)
+        if getattr(self, "_smoothed", None) is None:  # cached: read on every step by regret
+            self._smoothed = np.mean(np.stack(self._window), axis=0)
+        return self._smoothed.copy()
 
     @property
     def release_step(self) -> int:
@@ -533,6 +536,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         self._n_charged = int(state["n_charged"])
         self._window.clear()
         self._window.extend(np.array(a) for a in state["window"])
+        self._smoothed = None
         self._window_learned = bool(state["window_learned"])
         self._exhausted = bool(state["exhausted"])
         self.regret.cumulative, self.regret.steps = state["regret"]
