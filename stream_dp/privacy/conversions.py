@@ -111,7 +111,10 @@ def rho_from_epsilon(epsilon: float, delta: float, conversion: Conversion = "tig
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
     ln_inv_delta = -math.log(delta)
     if conversion == "paper":
-        return (math.sqrt(ln_inv_delta + epsilon) - math.sqrt(ln_inv_delta)) ** 2
+        # ε²/(√(L+ε) + √L)² equals (√(L+ε) − √L)² without its cancellation; either way the last
+        # ulp can round up, so the result is nudged down like the tight one below.
+        rho = (epsilon / (math.sqrt(ln_inv_delta + epsilon) + math.sqrt(ln_inv_delta))) ** 2
+        return _nudge_down(rho, epsilon, delta, "paper")
     # The paper's ρ is a lower bound for the tight one (tight ε ≤ paper ε), so it brackets below.
     lo = (math.sqrt(ln_inv_delta + epsilon) - math.sqrt(ln_inv_delta)) ** 2
     hi = max(2.0 * lo, epsilon)
@@ -120,9 +123,14 @@ def rho_from_epsilon(epsilon: float, delta: float, conversion: Conversion = "tig
     rho = optimize.brentq(
         lambda r: epsilon_from_rho(r, delta) - epsilon, lo, hi, xtol=1e-15, rtol=1e-13
     )
-    while epsilon_from_rho(rho, delta) > epsilon:
+    return _nudge_down(float(rho), epsilon, delta, "tight")
+
+
+def _nudge_down(rho: float, epsilon: float, delta: float, conversion: Conversion) -> float:
+    """Lower ρ until ``epsilon_from_rho(ρ) <= ε`` holds in floating point (never round up)."""
+    while epsilon_from_rho(rho, delta, conversion) > epsilon:
         rho = math.nextafter(rho, 0.0) * (1.0 - 1e-12)
-    return float(rho)
+    return rho
 
 
 def _norm_cdf(x: float) -> float:

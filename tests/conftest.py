@@ -1,0 +1,94 @@
+"""Shared fixtures for the core test suite: datasets and small synthetic streams."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+__all__ = ["pima", "pima_split", "stream_factory", "quiet_exhaustion"]
+
+_HERE = Path(__file__).resolve().parent
+# Where the public datasets may live: an explicit directory, the test-local copy, then the
+# shared data folder of the project.
+_DATA_DIRS = [
+    *([Path(os.environ["STREAM_DP_DATA"])] if os.environ.get("STREAM_DP_DATA") else []),
+    _HERE / "data",
+    Path("/work/shared/data"),
+]
+
+
+def _find(name: str) -> Path | None:
+    for d in _DATA_DIRS:
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+@pytest.fixture(scope="session")
+def pima() -> tuple[np.ndarray, np.ndarray]:
+    """Pima Indians Diabetes (768 × 8 features) and its ±1 label (``Outcome`` 1 → +1).
+
+    Skips the test if the CSV is not found in ``$STREAM_DP_DATA``, ``tests/data`` or
+    ``/work/shared/data``.
+    """
+    path = _find("pima_indians_diabetes.csv")
+    if path is None:
+        pytest.skip("pima_indians_diabetes.csv not found (set STREAM_DP_DATA)")
+    data = np.genfromtxt(path, delimiter=",", skip_header=1)
+    X, outcome = data[:, :-1], data[:, -1]
+    return X, np.where(outcome == 1, 1.0, -1.0)
+
+
+@pytest.fixture(scope="session")
+def pima_split(pima) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A fixed 70/30 shuffle split of Pima, standardised with the training split's moments.
+
+    The scaling is ordinary (non-private) preprocessing: the tests that use it are about the
+    learners, not about private feature scaling. Each row is then divided by √d so that a
+    typical record has norm about 1 and the norm clip at R = 1 bites only on outliers.
+    """
+    X, y = pima
+    order = np.random.default_rng(2020).permutation(len(y))
+    cut = int(0.7 * len(y))
+    tr, te = order[:cut], order[cut:]
+    mu, sd = X[tr].mean(axis=0), X[tr].std(axis=0)
+    scale = sd * np.sqrt(X.shape[1])
+    return (X[tr] - mu) / scale, y[tr], (X[te] - mu) / scale, y[te]
+
+
+@pytest.fixture
+def stream_factory() -> Callable[..., tuple[np.ndarray, np.ndarray]]:
+    """``make(rng, n, d, task, scale=0.7, n_classes=3)`` → ``(X, y)``: a random labelled stream.
+
+    AUC labels are booleans (the learners map them to ±1); metric labels are class ints.
+    Features are Gaussian with the given per-coordinate scale, so some rows exceed R = 1 and
+    exercise the clip.
+    """
+
+    def make(
+        rng: np.random.Generator,
+        n: int,
+        d: int,
+        task: str,
+        scale: float = 0.7,
+        n_classes: int = 3,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        X = rng.normal(scale=scale, size=(n, d))
+        if task == "auc":
+            return X, rng.random(n) < 0.5
+        return X, rng.integers(0, n_classes, size=n)
+
+    return make
+
+
+@pytest.fixture
+def quiet_exhaustion() -> Iterator[None]:
+    """Silence the RuntimeWarning a learner emits once when its budget or horizon is spent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is exhausted.*", category=RuntimeWarning)
+        yield
