@@ -63,16 +63,29 @@ def _dphi(u: np.ndarray) -> np.ndarray:
 
 
 class PairwiseLoss:
-    """Base class. Subclasses implement ``_values`` and ``_grad_sum`` on pair differences."""
+    """Base class.
+
+    A concrete loss is ``ℓ = f(u, c)`` of one pair statistic ``u`` (``wᵀδ`` for AUC, ``δᵀWδ`` for
+    metric learning, with ``δ = x − x'``) and the pair coefficient ``c``; its gradient is
+    ``coef(u, c)·φ(δ)`` with the feature ``φ(δ) = δ`` (AUC) or ``δδᵀ`` (metric). Subclasses give
+    ``_pair_loss`` and ``_coef`` once; the buffer path (``_values``/``_grad_sum``) and the
+    all-pairs path (``all_pairs_value``/``all_pairs_gradient``) are both built from them, so each
+    derivative formula exists exactly once.
+    """
 
     task: str = ""
     smooth: bool = True
+    #: Pairs with c == 0 have zero gradient and are skipped in ``_grad_sum`` (AUC ties).
+    _skip_zero_coefficients: bool = False
 
     def param_shape(self, dim: int) -> tuple[int, ...]:
         return (dim,) if self.task == "auc" else (dim, dim)
 
     def pair_coefficients(self, y: float, Y: np.ndarray) -> np.ndarray:
-        """AUC: ``y − y'`` in {−2, 0, 2} (labels are ±1). Metric: +1 same class, −1 otherwise."""
+        """AUC: ``y − y'`` in {−2, 0, 2} (labels are ±1). Metric: +1 same class, −1 otherwise.
+
+        ``y`` may be an array broadcasting against ``Y`` (the all-pairs path passes a column).
+        """
         if self.task == "auc":
             return y - Y
         return np.where(Y == y, 1.0, -1.0)
@@ -80,14 +93,43 @@ class PairwiseLoss:
     def constants(self, data_radius: float, model_radius: float) -> LossConstants:
         raise NotImplementedError
 
+    # --- the loss as a function of the pair statistic (subclasses) -------------------------
+    def _pair_loss(self, u: np.ndarray, c: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _coef(self, u: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """``∂ℓ/∂(feature)``: the gradient of one pair is ``_coef(u, c)·φ(δ)``."""
+        raise NotImplementedError
+
+    # --- the pair statistic and the feature (AUC: linear; metric: quadratic) ---------------
+    def _stat(self, w: np.ndarray, D: np.ndarray) -> np.ndarray:
+        if self.task == "auc":
+            return D @ w
+        return np.einsum("ij,ij->i", D @ w, D)
+
+    def _feature_sum(self, D: np.ndarray, coef: np.ndarray) -> np.ndarray:
+        if self.task == "auc":
+            return coef @ D
+        return (D.T * coef) @ D
+
     # --- on explicit pair differences -------------------------------------------------------
     def _values(self, w: np.ndarray, D: np.ndarray, c: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        return self._pair_loss(self._stat(w, D), c)
 
     def _grad_sum(
         self, w: np.ndarray, D: np.ndarray, c: np.ndarray, weights: np.ndarray | None = None
     ) -> np.ndarray:
-        raise NotImplementedError
+        if self._skip_zero_coefficients:
+            m = c != 0  # tied pairs have zero gradient: skip them cheaply
+            if not m.any():
+                return np.zeros_like(w)
+            if not m.all():
+                D, c = D[m], c[m]
+                weights = None if weights is None else weights[m]
+        coef = self._coef(self._stat(w, D), c)
+        if weights is not None:
+            coef = coef * weights
+        return self._feature_sum(D, coef)
 
     def pair_values(self, w: np.ndarray, D: np.ndarray, c: np.ndarray) -> np.ndarray:
         """Per-pair losses for differences ``D`` (n × d) and coefficients ``c`` (n,)."""
@@ -116,6 +158,97 @@ class PairwiseLoss:
             return np.zeros_like(w)
         return self._grad_sum(w, x - X, self.pair_coefficients(y, Y)) / n
 
+    # --- over all ordered pairs of a dataset (offline algorithms) --------------------------
+    def _all_pairs_blocks(self, w: np.ndarray, X: np.ndarray, Y: np.ndarray, block: int):
+        """Yield ``(rows, U, C)``: the statistics and coefficients of pairs (i ∈ rows, j), i ≠ j.
+
+        The statistic comes from the Gram structure, never from an n² × d array of
+        differences: ``U_ij = s_i − s_j`` with ``s = Xw`` (AUC) or ``K_ii + K_jj − 2K_ij`` with
+        ``K = XWXᵀ`` (metric). The diagonal (i = j) gets coefficient c = 0 and is masked out.
+        """
+        n = len(Y)
+        if self.task == "auc":
+            s = X @ w
+        else:
+            # U = K_ii + K_jj − 2K_ij as one product: [XW, k, 1]·[−2X, 1, k]ᵀ.
+            XW = X @ w
+            k_diag = np.einsum("ij,ij->i", XW, X)[:, None]
+            ones = np.ones((n, 1))
+            left = np.hstack([XW, k_diag, ones])
+            right_t = np.hstack([-2.0 * X, ones, k_diag]).T
+        for start in range(0, n, block):
+            rows = np.arange(start, min(start + block, n))
+            if self.task == "auc":
+                U = s[rows, None] - s[None, :]
+            else:
+                U = left[rows] @ right_t
+            c = np.asarray(self.pair_coefficients(Y[rows, None], Y[None, :]), dtype=float)
+            yield rows, U, c
+
+    def all_pairs_value(
+        self, w: np.ndarray, X: np.ndarray, Y: np.ndarray, block: int = 1024
+    ) -> float:
+        """The empirical pairwise risk ``L(w; D) = 1/(n(n−1)) Σ_{i≠j} ℓ(w; z_i, z_j)``.
+
+        Xue et al. (IJCAI 2021) eq. (1), Huai et al. (AAAI 2020) eq. (1). Vectorised over all
+        pairs in row blocks of ``block`` (memory O(block·n)). 0 when n < 2.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> X, Y = np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([1.0, -1.0])
+        >>> round(LogisticAUCLoss().all_pairs_value(np.array([1.0, -1.0]), X, Y), 5)
+        0.01815
+
+        """
+        n = len(Y)
+        if n < 2:
+            return 0.0
+        total = 0.0
+        for rows, U, c in self._all_pairs_blocks(w, X, Y, block):
+            V = self._pair_loss(U, c)
+            V[np.arange(len(rows)), rows] = 0.0
+            total += float(V.sum())
+        return total / (n * (n - 1))
+
+    def all_pairs_gradient(
+        self, w: np.ndarray, X: np.ndarray, Y: np.ndarray, block: int = 1024
+    ) -> np.ndarray:
+        """``∇L(w; D)`` over all ordered pairs i ≠ j (Xue et al. Alg. 1–4, Kang et al. Alg. 1).
+
+        With the per-pair coefficients ``C_ij = coef(u_ij, c_ij)`` the sum of features is
+        ``Σ_ij C_ij (x_i − x_j) = (C1 − Cᵀ1)ᵀX`` (AUC) and
+        ``Σ_ij C_ij δ_ij δ_ijᵀ = Xᵀ diag(C1 + Cᵀ1) X − XᵀCᵀX − XᵀCX`` (metric): O(n²) scalar
+        work plus O(n d²), the same result as summing ``pair_gradient_sum`` over every row.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> X, Y = np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([1.0, -1.0])
+        >>> LogisticAUCLoss().all_pairs_gradient(np.zeros(2), X, Y)
+        array([-1.,  1.])
+
+        """
+        n = len(Y)
+        if n < 2:
+            return np.zeros_like(w)
+        d = X.shape[1]
+        r = np.zeros(n)  # Σ_j C_ij
+        s = np.zeros(n)  # Σ_i C_ij
+        cross = np.zeros((d, d)) if self.task != "auc" else None
+        for rows, U, c in self._all_pairs_blocks(w, X, Y, block):
+            C = self._coef(U, c)
+            C[np.arange(len(rows)), rows] = 0.0
+            r[rows] += C.sum(axis=1)
+            s += C.sum(axis=0)
+            if cross is not None:
+                cross += X[rows].T @ (C @ X)
+        if self.task == "auc":
+            g = (r - s) @ X
+        else:
+            g = (X.T * (r + s)) @ X - cross - cross.T
+        return g / (n * (n - 1))
+
 
 class LogisticAUCLoss(PairwiseLoss):
     """Huai et al. (2020) Example 2: ``φ((y − y')·wᵀ(x − x'))``, labels in {−1, +1}.
@@ -134,25 +267,17 @@ class LogisticAUCLoss(PairwiseLoss):
     """
 
     task = "auc"
+    _skip_zero_coefficients = True
 
     def constants(self, data_radius: float, model_radius: float) -> LossConstants:
         return LossConstants(4.0 * data_radius, 4.0 * data_radius**2)
 
-    def _values(self, w, D, c):
-        out = np.full(len(c), math.log(2.0))  # φ(0) for tied labels; kept for the value only
-        m = c != 0
-        out[m] = _phi(c[m] * (D[m] @ w))
-        return out
+    def _pair_loss(self, u, c):
+        # φ(c·u); a tied pair (c = 0) gives φ(0) = log 2, kept for the value only.
+        return _phi(c * u)
 
-    def _grad_sum(self, w, D, c, weights=None):
-        m = c != 0  # tied pairs have zero gradient: skip them cheaply
-        if not m.any():
-            return np.zeros_like(w)
-        Dm, cm = D[m], c[m]
-        coef = _dphi(cm * (Dm @ w)) * cm
-        if weights is not None:
-            coef = coef * weights[m]
-        return coef @ Dm
+    def _coef(self, u, c):
+        return _dphi(c * u) * c  # zero for tied pairs
 
 
 class LogisticMetricLoss(PairwiseLoss):
@@ -178,15 +303,12 @@ class LogisticMetricLoss(PairwiseLoss):
     def _quad(W, D):
         return np.einsum("ij,ij->i", D @ W, D)
 
-    def _values(self, w, D, c):
-        return _phi(c * (1.0 - self._quad(w, D)))
+    def _pair_loss(self, u, c):
+        return _phi(c * (1.0 - u))
 
-    def _grad_sum(self, w, D, c, weights=None):
-        # ∇_W φ(c(1 − δᵀWδ)) = −φ'(u)·c·δδᵀ; summed: −Dᵀ diag(φ'(u)·c) D.
-        coef = _dphi(c * (1.0 - self._quad(w, D))) * c
-        if weights is not None:
-            coef = coef * weights
-        return -(D.T * coef) @ D
+    def _coef(self, u, c):
+        # ∇_W φ(c(1 − δᵀWδ)) = −φ'(c(1 − u))·c·δδᵀ.
+        return -_dphi(c * (1.0 - u)) * c
 
 
 class HingeAUCLoss(PairwiseLoss):
@@ -202,16 +324,13 @@ class HingeAUCLoss(PairwiseLoss):
     def constants(self, data_radius: float, model_radius: float) -> LossConstants:
         return LossConstants(2.0 * data_radius, math.inf)
 
-    def _values(self, w, D, c):
+    def _pair_loss(self, u, c):
         s = c / 2.0
-        return np.where(s != 0, np.maximum(0.0, 1.0 - s * (D @ w)), 0.0)
+        return np.where(s != 0, np.maximum(0.0, 1.0 - s * u), 0.0)
 
-    def _grad_sum(self, w, D, c, weights=None):
+    def _coef(self, u, c):
         s = c / 2.0
-        coef = s * ((s != 0) & (1.0 - s * (D @ w) > 0))
-        if weights is not None:
-            coef = coef * weights
-        return -coef @ D
+        return -s * ((s != 0) & (1.0 - s * u > 0))
 
 
 class HingeMetricLoss(PairwiseLoss):
@@ -223,14 +342,11 @@ class HingeMetricLoss(PairwiseLoss):
     def constants(self, data_radius: float, model_radius: float) -> LossConstants:
         return LossConstants(4.0 * data_radius**2, math.inf)
 
-    def _values(self, w, D, c):
-        return np.maximum(0.0, 1.0 + c * LogisticMetricLoss._quad(w, D))
+    def _pair_loss(self, u, c):
+        return np.maximum(0.0, 1.0 + c * u)
 
-    def _grad_sum(self, w, D, c, weights=None):
-        coef = c * ((1.0 + c * LogisticMetricLoss._quad(w, D)) > 0)
-        if weights is not None:
-            coef = coef * weights
-        return (D.T * coef) @ D
+    def _coef(self, u, c):
+        return c * ((1.0 + c * u) > 0)
 
 
 class Regularized(PairwiseLoss):
@@ -295,6 +411,13 @@ class Regularized(PairwiseLoss):
     def gradient(self, w, x, y, X, Y) -> np.ndarray:
         return self.base.gradient(w, x, y, X, Y) + self.alpha * self._shift(w)
 
+    def all_pairs_value(self, w, X, Y, block: int = 1024) -> float:
+        reg = 0.5 * self.alpha * float(np.sum(self._shift(w) ** 2))
+        return self.base.all_pairs_value(w, X, Y, block) + reg
+
+    def all_pairs_gradient(self, w, X, Y, block: int = 1024) -> np.ndarray:
+        return self.base.all_pairs_gradient(w, X, Y, block) + self.alpha * self._shift(w)
+
 
 class ContrastiveLoss:
     """Li et al. (2020) contrastive loss on labelled pairs, ``W ∈ R^{d'×d}``.
@@ -324,9 +447,13 @@ class ContrastiveLoss:
         return coef[:, None, None] * P[:, :, None] * D[:, None, :]
 
     @staticmethod
-    def clip_rows(grads: np.ndarray, h: float) -> np.ndarray:
-        """Clip every row of every per-pair gradient to ℓ2 norm ``h`` (Li et al. Alg. 1)."""
-        norms = np.linalg.norm(grads, axis=2, keepdims=True)
+    def clip_rows(grads: np.ndarray, h: float, norm: float = 2) -> np.ndarray:
+        """Clip every row of every per-pair gradient to norm ``h`` (Li et al. Alg. 1 step 7).
+
+        ``norm`` is the ℓp norm of the clip: 2 (default) or 1 — Li et al.'s Laplace mechanism
+        needs ℓ1 sensitivity, which a per-row ℓ1 clip bounds directly.
+        """
+        norms = np.linalg.norm(grads, ord=norm, axis=2, keepdims=True)
         return grads * np.minimum(1.0, h / np.maximum(norms, 1e-300))
 
 
