@@ -1,0 +1,741 @@
+"""stream-dp demo: stream real data through PairwiseGIGA, OnPairStrC and OnPairC (task="auc").
+
+Each dataset shipped with the package (UCI Bank Marketing, 45,211 records; Pima Indians
+Diabetes, 768 records) is split once, by a fixed seed, into a calibration block (fits the
+scaler; never streamed), a stream (learned one record at a time) and a held-out test split
+(never streamed). Every learner sees the stream through its river interface (``learn_one``);
+the private learners publish noisy models, and the demo measures the test AUC of the smoothed
+private release, the privacy spent, and the operator-only average regret.
+
+Outputs (in --out DIR): results.md (settings, table, honest verdicts), releases.jsonl (one
+release_message() per release step, tagged with dataset and model), demo.png (AUC of the release
+and average penalty against t; needs matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from stream_dp.datasets import Prepared, prepare
+from stream_dp.online import OnPairC, OnPairStrC, PairwiseGIGA
+from stream_dp.records import clip_norm
+
+__all__ = [
+    "DemoSettings",
+    "ModelResult",
+    "add_arguments",
+    "auc_standard_error",
+    "choose_alpha",
+    "main",
+    "roc_auc",
+    "run_demo",
+]
+
+DELTA = 1e-5
+DATA_RADIUS = 1.0  # R: the scaler maps the 95th percentile of calibration norms to 1
+MODEL_RADIUS = 1.0  # D
+BUFFER = 128  # FIFO partners per record
+STRC_ALPHA = 1.0  # OnPairStrC / GIGA regulariser: T1 = ⌈16·(4+1)/1²⌉ = 80
+MAX_T1_FRACTION = 0.25  # never spend more than a quarter of the stream in the random warm-up
+SMOOTHING_WINDOW = 20  # releases averaged by smoothed_weights (post-processing: free)
+N_CHECKPOINTS = 60  # points per curve
+REGRET_MAX_PAIRS = 20_000  # comparator on a fixed sample of pairs (keeps the solve well < 1 s)
+REGRET_ITERATIONS = 100
+SEED_SPREAD_BELOW = 2_000  # datasets with fewer streamed records get a noise-seed spread
+
+
+def release_every_for(n: int) -> int:
+    """Release period: about 700 releases at most, and at least every 10 steps at most.
+
+    Fewer releases means a larger budget share each (σ ∝ √(number of releases)); the iterate
+    still learns from every record.
+    """
+    return int(min(50, max(10, n // 700)))
+
+
+def choose_alpha(cls: type, n: int, preferred: float, max_fraction: float = MAX_T1_FRACTION):
+    """The regulariser α for a stream of ``n`` records: ``preferred`` unless its T1 is too long.
+
+    T1 (the data-independent warm-up, ``max(⌈16L/α²⌉, 7)``) falls as α grows. If the preferred α
+    leaves ``T1 > max_fraction · n``, the smallest α with ``T1 ≤ max_fraction · n`` is found by
+    bisection on the learner's own ``T1`` (no formula is copied here).
+
+    Parameters
+    ----------
+    cls
+        ``OnPairStrC`` or ``OnPairC``.
+    n
+        Stream length (the horizon).
+    preferred
+        The α to use when its warm-up fits.
+    max_fraction
+        Largest acceptable ``T1 / n``.
+
+    Returns
+    -------
+    tuple of (float, str)
+        α and a short reason.
+
+    """
+
+    def t1(alpha: float) -> int:
+        return cls(task="auc", alpha=alpha, horizon=None, seed=0).T1
+
+    limit = max_fraction * n
+    if t1(preferred) <= limit:
+        return preferred, "default"
+    if t1(1e6) > limit:
+        raise ValueError(f"a stream of {n} records is too short for any warm-up T1 <= {limit:g}")
+    lo, hi = preferred, max(preferred * 2, 1.0)
+    while t1(hi) > limit:
+        lo, hi = hi, hi * 2
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t1(mid) > limit else (lo, mid)
+    hi = math.ceil(hi * 1e4) / 1e4  # round up: T1 only falls as α grows
+    return hi, f"raised so that T1 <= {max_fraction:g}·n"
+
+
+def roc_auc(scores: np.ndarray, y: np.ndarray) -> float:
+    """Area under the ROC curve (Mann–Whitney, ties counted half)."""
+    from scipy.stats import rankdata
+
+    y = np.asarray(y, dtype=bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    ranks = rankdata(scores)
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def auc_standard_error(auc: float, n_pos: int, n_neg: int) -> float:
+    """Hanley & McNeil (1982) standard error of an AUC estimate."""
+    if not math.isfinite(auc):
+        return math.nan
+    q1 = auc / (2 - auc)
+    q2 = 2 * auc**2 / (1 + auc)
+    var = auc * (1 - auc) + (n_pos - 1) * (q1 - auc**2) + (n_neg - 1) * (q2 - auc**2)
+    return math.sqrt(max(var, 0.0) / (n_pos * n_neg))
+
+
+def _verdict(auc: float, se: float) -> str:
+    if not math.isfinite(auc):
+        return "no model"
+    if auc - 2 * se > 0.5:
+        return "better than random"
+    if auc + 2 * se < 0.5:
+        return "WORSE than random"
+    return "no better than random"
+
+
+@dataclass
+class DemoSettings:
+    """What the demo was asked to do (from the command line)."""
+
+    out: Path
+    datasets: tuple[str, ...] = ("bank", "pima")
+    epsilons: tuple[float, ...] = (1.0, 4.0, 16.0)
+    max_records: int | None = None
+    seed: int = 0
+    plot: bool = True
+    quiet: bool = False
+
+
+@dataclass
+class ModelResult:
+    """One learner's run on one dataset."""
+
+    dataset: str
+    algorithm: str
+    epsilon_target: float | None
+    alpha: float
+    alpha_reason: str
+    release_every: int | None
+    steps: int = 0
+    epsilon_spent: float | None = None
+    T1: int = 0
+    n_releases: int = 0
+    test_auc: float = math.nan
+    auc_se: float = math.nan
+    verdict: str = ""
+    average_regret: float = math.nan
+    regret_exact: bool = True
+    average_penalty: float = math.nan
+    wall_seconds: float = 0.0
+    weight_norm: float = math.nan
+    cos_w0: float = math.nan
+    describe: str = ""
+    curve_t: list[int] = field(default_factory=list)
+    curve_auc: list[float] = field(default_factory=list)
+    curve_penalty: list[float] = field(default_factory=list)
+    seed_spread: list[float] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        if self.epsilon_target is None:
+            return f"{self.algorithm} (non-private)"
+        return f"{self.algorithm} ε={self.epsilon_target:g}"
+
+
+class _Progress:
+    """tqdm if installed, else a one-line text bar on stderr; silent when disabled."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self._bar = None
+        self._last = 0.0
+        self._text = ""
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=total, unit="rec", unit_scale=True, file=sys.stderr, leave=False)
+
+    def set_description(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.set_description(text)
+        self._text = text
+
+    def update(self, k: int) -> None:
+        self.done += k
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(k)
+            return
+        now = time.monotonic()
+        if now - self._last > 0.25 or self.done >= self.total:
+            self._last = now
+            frac = self.done / max(self.total, 1)
+            bar = "#" * int(30 * frac)
+            sys.stderr.write(f"\r[{bar:<30}] {100 * frac:5.1f}% {self._text}  ")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self.enabled:
+            sys.stderr.write("\n")
+
+
+def _build_models(n: int, name: str, epsilons: Sequence[float], seed: int) -> list[tuple]:
+    """(result stub, learner) pairs: GIGA, then OnPairStrC and OnPairC at each ε."""
+    out = []
+    strc_alpha, strc_why = choose_alpha(OnPairStrC, n, STRC_ALPHA)
+    c_alpha, c_why = choose_alpha(OnPairC, n, n**-0.25)
+    c_why = "n^(-1/4), Huai Alg. 2" if c_why == "default" else c_why
+    common = dict(task="auc", buffer=BUFFER, data_radius=DATA_RADIUS, model_radius=MODEL_RADIUS)
+    giga = PairwiseGIGA(
+        alpha=strc_alpha, seed=seed, keep_history=True, model_id=f"demo-{name}-giga", **common
+    )
+    out.append((ModelResult(name, "PairwiseGIGA", None, strc_alpha, strc_why, None), giga))
+    k = release_every_for(n)
+    for cls, alpha, why in ((OnPairStrC, strc_alpha, strc_why), (OnPairC, c_alpha, c_why)):
+        for eps in epsilons:
+            model = cls(
+                epsilon=float(eps),
+                delta=DELTA,
+                horizon=n,
+                alpha=alpha,
+                seed=seed,
+                release_every=k,
+                smoothing_window=SMOOTHING_WINDOW,
+                predict_with="smoothed",
+                keep_history=True,
+                model_id=f"demo-{name}-{cls.__name__}-eps{eps:g}",
+                **common,
+            )
+            res = ModelResult(name, cls.__name__, float(eps), alpha, why, k, T1=model.T1)
+            out.append((res, model))
+    return out
+
+
+def _served(model) -> np.ndarray | None:
+    if isinstance(model, PairwiseGIGA):
+        return model.weights
+    return model.smoothed_weights
+
+
+def _checkpoints(n: int) -> set[int]:
+    return {int(round(v)) for v in np.linspace(1, n, N_CHECKPOINTS)} | {n}
+
+
+def _stream_one(
+    res: ModelResult,
+    model,
+    data: Prepared,
+    X_test: np.ndarray,
+    sink: Callable[[dict], None],
+    progress: _Progress,
+) -> None:
+    """Stream every record through ``model``; fill ``res``; write each release to ``sink``."""
+    private = not isinstance(model, PairwiseGIGA)
+    X, y = data.X_stream, data.y_stream
+    n = len(y)
+    marks = _checkpoints(n)
+    last_release = 0
+    pending = 0
+    t0 = time.perf_counter()
+    for i in range(n):
+        model.learn_one(X[i], bool(y[i]))
+        t = i + 1
+        if private and model.release_step != last_release:
+            last_release = model.release_step
+            sink(
+                {
+                    "dataset": res.dataset,
+                    "model": res.label,
+                    "epsilon_target": res.epsilon_target,
+                    **model.release_message(),
+                }
+            )
+        if t in marks:
+            w = _served(model)
+            res.curve_t.append(t)
+            res.curve_auc.append(math.nan if w is None else roc_auc(X_test @ w, data.y_test))
+            res.curve_penalty.append(model.regret.average_penalty)
+        pending += 1
+        if pending == 500:
+            progress.update(pending)
+            pending = 0
+    progress.update(pending)
+    res.steps = model.step
+    w = _served(model)
+    y_test = data.y_test
+    res.test_auc = math.nan if w is None else roc_auc(X_test @ w, y_test)
+    if w is not None:
+        res.weight_norm = float(np.linalg.norm(w))
+        w0 = getattr(model, "w0", None)  # OnPairC's data-independent regularisation centre
+        if w0 is not None and res.weight_norm > 0:
+            res.cos_w0 = float(w @ w0 / (res.weight_norm * np.linalg.norm(w0)))
+    res.auc_se = auc_standard_error(res.test_auc, int(y_test.sum()), int((~y_test).sum()))
+    res.verdict = _verdict(res.test_auc, res.auc_se)
+    res.average_penalty = model.regret.average_penalty
+    _, best, exact = model.best_fixed_comparator(
+        max_pairs=REGRET_MAX_PAIRS, iterations=REGRET_ITERATIONS, seed=0
+    )
+    res.average_regret = (model.regret.cumulative - best) / max(model.regret.steps, 1)
+    res.regret_exact = exact
+    if private:
+        res.epsilon_spent = model.accountant.spent()[0]
+        res.n_releases = model.n_releases
+    res.wall_seconds = time.perf_counter() - t0
+
+
+def _seed_spread(res: ModelResult, data: Prepared, X_test: np.ndarray, seeds: range) -> None:
+    """Test AUC of the same learner under other noise seeds (small data varies a lot)."""
+    cls = {"OnPairStrC": OnPairStrC, "OnPairC": OnPairC}[res.algorithm]
+    for s in seeds:
+        model = cls(
+            task="auc", epsilon=res.epsilon_target, delta=DELTA, horizon=len(data.y_stream),
+            alpha=res.alpha, seed=s, buffer=BUFFER, data_radius=DATA_RADIUS,
+            model_radius=MODEL_RADIUS, release_every=res.release_every,
+            smoothing_window=SMOOTHING_WINDOW, predict_with="smoothed", track_regret=False,
+            model_id=f"demo-{res.dataset}-{res.algorithm}-eps{res.epsilon_target:g}",
+        )  # fmt: skip
+        for xi, yi in zip(data.X_stream, data.y_stream, strict=True):
+            model.learn_one(xi, bool(yi))
+        res.seed_spread.append(roc_auc(X_test @ model.smoothed_weights, data.y_test))
+
+
+def _fmt(v: float | None, spec: str = ".3f", none: str = "—") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return none
+    return format(v, spec)
+
+
+TABLE_HEADER = (
+    "dataset",
+    "algorithm",
+    "ε target",
+    "steps",
+    "ε spent",
+    "T1",
+    "test AUC (±2se)",
+    "verdict",
+    "avg regret (operator-only)",
+    "wall s",
+)
+
+
+def _table_rows(results: list[ModelResult]) -> list[tuple[str, ...]]:
+    rows = []
+    for r in results:
+        rows.append(
+            (
+                r.dataset,
+                r.algorithm,
+                "∞ (non-private)" if r.epsilon_target is None else f"{r.epsilon_target:g}",
+                str(r.steps),
+                "n/a" if r.epsilon_spent is None else f"{r.epsilon_spent:.3f}",
+                str(r.T1),
+                f"{_fmt(r.test_auc)} ± {_fmt(2 * r.auc_se, '.3f')}",
+                r.verdict,
+                _fmt(r.average_regret, ".4f") + ("" if r.regret_exact else "*"),
+                f"{r.wall_seconds:.1f}",
+            )
+        )
+    return rows
+
+
+def format_table(results: list[ModelResult], markdown: bool = False) -> str:
+    """The results table, as aligned text (terminal) or as a Markdown table."""
+    rows = _table_rows(results)
+    if markdown:
+        lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(TABLE_HEADER)]
+    line = "  ".join(h.ljust(w) for h, w in zip(TABLE_HEADER, widths, strict=True))
+    out = [line, "-" * len(line)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def _plot(results: list[ModelResult], datasets: Sequence[str], path: Path) -> str | None:
+    """Write demo.png; returns None on success, else the reason it was skipped."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[plot]')"
+    eps_values = sorted({r.epsilon_target for r in results if r.epsilon_target is not None})
+    cmap = plt.get_cmap("viridis")
+    colors = {
+        e: cmap(0.15 + 0.7 * i / max(len(eps_values) - 1, 1)) for i, e in enumerate(eps_values)
+    }
+    styles = {"OnPairStrC": "-", "OnPairC": "--"}
+    fig, axes = plt.subplots(len(datasets), 2, figsize=(13, 4.6 * len(datasets)), squeeze=False)
+    for row, name in enumerate(datasets):
+        ax_auc, ax_pen = axes[row]
+        for r in (r for r in results if r.dataset == name):
+            if r.epsilon_target is None:
+                kw = dict(color="black", lw=2.2, ls="-", label="PairwiseGIGA (non-private)")
+            else:
+                kw = dict(color=colors[r.epsilon_target], lw=1.6, ls=styles[r.algorithm])
+                kw["label"] = f"{r.algorithm} ε={r.epsilon_target:g}"
+            ax_auc.plot(r.curve_t, r.curve_auc, **kw)
+            ax_pen.plot(r.curve_t, r.curve_penalty, **kw)
+        n = max((r.steps for r in results if r.dataset == name), default=1)
+        ax_auc.axhline(0.5, color="grey", lw=1, ls=":", label="random (0.5)")
+        ax_auc.set_title(f"{name}: test AUC of the (smoothed) release, n = {n}")
+        ax_auc.set_xlabel("t (records streamed)")
+        ax_auc.set_ylabel("AUC on held-out records")
+        ax_auc.set_ylim(0.0, 1.0)
+        ax_pen.set_title(f"{name}: average online penalty (1/t)·Σ L̂_s(w̃_(s−1)) — operator-only")
+        ax_pen.set_xlabel("t (records streamed)")
+        ax_pen.set_ylabel("average penalty")
+        for ax in (ax_auc, ax_pen):
+            ax.grid(alpha=0.3)
+        ax_auc.legend(fontsize=8, loc="lower right", ncol=2)
+    fig.suptitle(
+        "stream-dp demo — solid: OnPairStrC, dashed: OnPairC, black: GIGA (not private); "
+        f"δ = {DELTA:g}",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def _results_markdown(
+    settings: DemoSettings,
+    results: list[ModelResult],
+    prepared: dict[str, Prepared],
+    plot_note: str,
+    total_seconds: float,
+) -> str:
+    lines = [
+        "# stream-dp demo results",
+        "",
+        f"Command settings: datasets = {', '.join(settings.datasets)}; ε targets = "
+        f"{', '.join(f'{e:g}' for e in settings.epsilons)}; δ = {DELTA:g}; noise seed = "
+        f"{settings.seed}; max records = {settings.max_records or 'all'}. "
+        f"Total wall time {total_seconds:.1f} s.",
+        "",
+        "## Results",
+        "",
+        format_table(results, markdown=True),
+        "",
+        "- **test AUC**: AUC on the held-out test split (never streamed) of the model the learner "
+        "serves: the *smoothed private release* (mean of the last "
+        f"{SMOOTHING_WINDOW} releases; post-processing, no extra budget) for OnPairStrC/OnPairC, "
+        "the iterate for GIGA. ± is two Hanley–McNeil standard errors. **verdict** says whether "
+        "the AUC is more than 2 se away from 0.5 (one noise seed; see the spread below).",
+        "- **ε spent**: `accountant.spent()` at the end (the horizon schedule spends the whole "
+        "budget over the releases after T1); T1 steps release data-independent random models "
+        "at no cost.",
+        "- **avg regret (operator-only)**: `(Σ_t L̂_t(w̃_(t−1)) − min_w Σ_t L̂_t(w)) / T`, the "
+        "served model's online penalty against the best fixed model in hindsight "
+        f"(`average_regret`-style, comparator on a fixed sample of ≤ {REGRET_MAX_PAIRS:,} pairs, "
+        f"{REGRET_ITERATIONS} projected-gradient iterations; * = sampled). It is computed from "
+        "raw records: for the trusted operator's logs, **never released**. Slightly negative "
+        "values mean the online iterate beat the approximately solved comparator.",
+        "- **wall s**: streaming + evaluation + comparator time for that model.",
+        "",
+    ]
+    for name, data in prepared.items():
+        rs = [r for r in results if r.dataset == name]
+        giga = next(r for r in rs if r.epsilon_target is None)
+        priv = [r for r in rs if r.epsilon_target is not None]
+        ds = data.dataset
+        lines += [
+            f"## {name}",
+            "",
+            f"- Source: `stream_dp/data/{ds.source}` (see `stream_dp/data/PROVENANCE.md`), "
+            f"{ds.n:,} records, {ds.d} features after encoding; positive class: {ds.positive}.",
+            f"- Split (fixed seed 2020): calibration block {len(data.split.calibration):,} "
+            f"records, stream {len(data.y_stream):,}, held-out test {len(data.y_test):,} "
+            f"(positives {int(data.y_test.sum())}).",
+            "- Scaling: numeric columns standardised with the mean/std of the **calibration "
+            "block only**, then every vector divided by the 95th percentile of calibration "
+            f"norms ({data.scaler.norm_scale:.3g}); the learners clip to ‖x‖ ≤ R = "
+            f"{DATA_RADIUS:g}. The calibration records are never streamed and are *not* "
+            "covered by the privacy guarantee (a public / consented sample); the stream is.",
+            "- Encoding: " + "; ".join(ds.preprocessing) + ".",
+            f"- Learners: buffer FIFO({BUFFER}), R = {DATA_RADIUS:g}, D = {MODEL_RADIUS:g}, "
+            f"release_every = {priv[0].release_every if priv else '—'}, smoothing window = "
+            f"{SMOOTHING_WINDOW} releases, tight zCDP conversion, certified sensitivity. "
+            f"α: GIGA and OnPairStrC {giga.alpha:g} ({giga.alpha_reason}); OnPairC "
+            + (f"{priv[-1].alpha:g} ({priv[-1].alpha_reason})" if priv else "—")
+            + ".",
+            "",
+            "Plans printed before learning (`describe()`):",
+            "",
+        ]
+        lines += [f"- {r.label}: {r.describe}" for r in priv]
+        lines.append("")
+        useless = [r for r in priv if r.verdict != "better than random"]
+        good = [r for r in priv if r.verdict == "better than random"]
+        lines.append("**Honest reading.**")
+        lines.append("")
+        if useless:
+            lines.append(
+                "- No better than random on the held-out split (|AUC − 0.5| ≤ 2 se): "
+                + ", ".join(f"{r.label} (AUC {_fmt(r.test_auc)})" for r in useless)
+                + ". Such a release must not be used as a model. For OnPairStrC the cause is "
+                "the noise the guarantee needs at this size and budget; for OnPairC see the w0 "
+                "note below."
+            )
+        if good:
+            best = max(good, key=lambda r: r.test_auc)
+            lines.append(
+                f"- Useful private models: {', '.join(r.label for r in good)}; best "
+                f"{best.label} at AUC {_fmt(best.test_auc)} vs {_fmt(giga.test_auc)} for the "
+                "non-private GIGA baseline."
+            )
+        centred = [r for r in priv if math.isfinite(r.cos_w0)]
+        if centred:
+            lines.append(
+                "- OnPairC (Huai Alg. 2) regularises towards a random centre w0 drawn uniformly "
+                f"in the ball (here with α = {centred[0].alpha:g}). The cosine between its final "
+                "smoothed release and its w0 is "
+                + ", ".join(f"{r.cos_w0:.2f} (ε={r.epsilon_target:g})" for r in centred)
+                + ": the larger ε (the less noise), the more the release points at the random "
+                "w0, so OnPairC's AUC reflects w0 as much as the data — the price of Alg. 2's "
+                "general-convex reduction, not of the noise."
+            )
+        spread = [r for r in priv if r.seed_spread]
+        if spread:
+            lines += [
+                "",
+                f"Small data: one noise seed is not representative. Test AUC of the same "
+                f"learner under {len(spread[0].seed_spread)} other noise seeds:",
+                "",
+                "| model | median AUC | min | max | seeds better than random |",
+                "|---|---|---|---|---|",
+            ]
+            n_pos, n_neg = int(data.y_test.sum()), int((~data.y_test).sum())
+            for r in spread:
+                a = np.array(r.seed_spread)
+                ok = sum(_verdict(v, auc_standard_error(v, n_pos, n_neg)) == "better than random"
+                         for v in a)  # fmt: skip
+                lines.append(
+                    f"| {r.label} | {np.median(a):.3f} | {a.min():.3f} | {a.max():.3f} | "
+                    f"{ok}/{len(a)} |"
+                )
+        lines.append("")
+    lines += [
+        "## Files",
+        "",
+        "- `releases.jsonl`: one `release_message()` per release step of every private learner "
+        "(warm-up releases included: they are random and cost nothing), tagged with `dataset`, "
+        "`model` and `epsilon_target`. GIGA releases nothing (it is not private).",
+        f"- `demo.png`: {plot_note}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def run_demo(settings: DemoSettings) -> list[ModelResult]:
+    """Run the demo end to end and write its outputs into ``settings.out``.
+
+    Parameters
+    ----------
+    settings
+        Datasets, ε targets, size limit, seed and output options.
+
+    Returns
+    -------
+    list of ModelResult
+        One per (dataset, learner), in table order.
+
+    """
+    t_start = time.perf_counter()
+    say = (lambda *a: None) if settings.quiet else (lambda *a: print(*a, flush=True))
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"stream-dp demo → {out}")
+
+    prepared: dict[str, Prepared] = {}
+    plans: list[tuple[ModelResult, object, Prepared, np.ndarray]] = []
+    for name in settings.datasets:
+        data = prepare(name, max_records=settings.max_records)
+        n = len(data.y_stream)
+        if n < 100:
+            raise ValueError(f"{name}: {n} streamed records is too few for the demo (>= 100)")
+        prepared[name] = data
+        X_test = np.stack([clip_norm(x, DATA_RADIUS) for x in data.X_test])  # as score_one does
+        models = _build_models(n, name, settings.epsilons, settings.seed)
+        ds = data.dataset
+        say(
+            f"\n[{name}] {ds.n:,} records, d = {ds.d}: calibration {len(data.split.calibration)}"
+            f" (scaler only), stream {n:,}, test {len(data.y_test):,} (never streamed)"
+        )
+        say(
+            f"[{name}] FIFO({BUFFER}), R = {DATA_RADIUS:g}, D = {MODEL_RADIUS:g}, δ = {DELTA:g}, "
+            f"release_every = {release_every_for(n)}, smoothing window = {SMOOTHING_WINDOW}"
+        )
+        for res, model in models:
+            if res.epsilon_target is None:
+                say(f"  {res.label}: α = {res.alpha:g} ({res.alpha_reason}); no noise, no warm-up")
+                continue
+            res.describe = model.describe()
+            plan = model.noise_plan([n])  # the horizon n is always a release step
+            tail = f"; σ at the last release (t = {n}) ≈ {plan[0]['sigma']:.3g}" if plan else ""
+            res.describe += tail
+            say(f"  {res.label}: α = {res.alpha:g} ({res.alpha_reason}); {res.describe}")
+        plans += [(res, model, data, X_test) for res, model in models]
+
+    total = sum(len(d.y_stream) for _, _, d, _ in plans)
+    progress = _Progress(total, enabled=not settings.quiet)
+    results = []
+    with open(out / "releases.jsonl", "w", encoding="utf-8") as fh, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # exhaustion is reported in the table
+
+        def sink(msg: dict) -> None:
+            fh.write(json.dumps(msg) + "\n")
+
+        for res, model, data, X_test in plans:
+            progress.set_description(f"{res.dataset} {res.label}")
+            _stream_one(res, model, data, X_test, sink, progress)
+            results.append(res)
+    progress.close()
+
+    for res, _, data, X_test in plans:
+        if res.epsilon_target is not None and len(data.y_stream) < SEED_SPREAD_BELOW:
+            _seed_spread(res, data, X_test, range(settings.seed + 1, settings.seed + 11))
+
+    plot_note = "not requested (--no-plot)."
+    if settings.plot:
+        reason = _plot(results, list(prepared), out / "demo.png")
+        plot_note = (
+            "test AUC of the release (left) and average online penalty (right) against t."
+            if reason is None
+            else f"skipped: {reason}."
+        )
+        if reason is not None:
+            print(f"demo.png skipped: {reason}", file=sys.stderr)
+    total_seconds = time.perf_counter() - t_start
+    md = _results_markdown(settings, results, prepared, plot_note, total_seconds)
+    (out / "results.md").write_text(md, encoding="utf-8")
+    print()
+    print(format_table(results))
+    print("* comparator solved on a sample of pairs; regret is operator-only (never released)")
+    for name in prepared:
+        bad = [r.label for r in results if r.dataset == name and r.epsilon_target is not None
+               and r.verdict != "better than random"]  # fmt: skip
+        if bad:
+            print(f"{name}: no better than random on held-out data: {', '.join(bad)}")
+    print(f"\nwrote {out / 'results.md'}, {out / 'releases.jsonl'}", end="")
+    print(f", {out / 'demo.png'}" if (out / "demo.png").exists() and settings.plot else "")
+    print(f"total {total_seconds:.1f} s")
+    return results
+
+
+def _parse_epsilons(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of numbers: {text!r}"
+        ) from None
+    if not values or any(not (math.isfinite(v) and v > 0) for v in values):
+        raise argparse.ArgumentTypeError(f"epsilons must be positive and finite: {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``demo`` options on ``parser`` and set ``func`` to :func:`main`."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: ./stream-dp-demo-YYYYmmdd-HHMMSS)",
+    )
+    parser.add_argument(
+        "--dataset", choices=("bank", "pima", "both"), default="both", help="default: both"
+    )
+    parser.add_argument(
+        "--epsilons",
+        type=_parse_epsilons,
+        default=(1.0, 4.0, 16.0),
+        help="comma-separated ε targets (default: 1,4,16); δ = 1e-5",
+    )
+    parser.add_argument(
+        "--max-records",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stream at most N records per dataset (the test split is unchanged)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="secret seed of the release noise (default: 0)"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="do not write demo.png")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or plan")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``stream-dp demo`` (``args`` from :func:`add_arguments`)."""
+    out = args.out
+    if out is None:
+        out = Path.cwd() / time.strftime("stream-dp-demo-%Y%m%d-%H%M%S")
+    datasets = ("bank", "pima") if args.dataset == "both" else (args.dataset,)
+    settings = DemoSettings(
+        out=out,
+        datasets=datasets,
+        epsilons=tuple(args.epsilons),
+        max_records=args.max_records,
+        seed=args.seed,
+        plot=not args.no_plot,
+        quiet=args.quiet,
+    )
+    run_demo(settings)
+    return 0
