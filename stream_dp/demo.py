@@ -5,7 +5,8 @@ Diabetes, 768 records) is split once, by a fixed seed, into a calibration block 
 scaler; never streamed), a stream (learned one record at a time) and a held-out test split
 (never streamed). Every learner sees the stream through its river interface (``learn_one``);
 the private learners publish noisy models, and the demo measures the test AUC of the smoothed
-private release, the privacy spent, and the operator-only average regret.
+private release, the privacy spent, and the operator-only average regret. The learners are
+independent and run in --jobs worker processes (default: 2).
 
 Outputs (in --out DIR): results.md (settings, table, honest verdicts), releases.jsonl (one
 release_message() per release step, tagged with dataset and model), demo.png (AUC of the release
@@ -15,12 +16,16 @@ and average penalty against t; needs matplotlib).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
+import multiprocessing
+import os
 import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,6 +154,7 @@ class DemoSettings:
     seed: int = 0
     plot: bool = True
     quiet: bool = False
+    jobs: int = 2
 
 
 @dataclass
@@ -161,6 +167,7 @@ class ModelResult:
     alpha: float
     alpha_reason: str
     release_every: int | None
+    n: int = 0
     steps: int = 0
     epsilon_spent: float | None = None
     T1: int = 0
@@ -173,6 +180,7 @@ class ModelResult:
     average_penalty: float = math.nan
     wall_seconds: float = 0.0
     weight_norm: float = math.nan
+    last_sigma: float = math.nan
     cos_w0: float = math.nan
     describe: str = ""
     curve_t: list[int] = field(default_factory=list)
@@ -230,35 +238,116 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-def _build_models(n: int, name: str, epsilons: Sequence[float], seed: int) -> list[tuple]:
-    """(result stub, learner) pairs: GIGA, then OnPairStrC and OnPairC at each ε."""
-    out = []
+def _plan_models(n: int, name: str, epsilons: Sequence[float]) -> list[ModelResult]:
+    """Result stubs (the learner specs): GIGA, then OnPairStrC and OnPairC at each ε."""
     strc_alpha, strc_why = choose_alpha(OnPairStrC, n, STRC_ALPHA)
     c_alpha, c_why = choose_alpha(OnPairC, n, n**-0.25)
     c_why = "n^(-1/4), Huai Alg. 2" if c_why == "default" else c_why
-    common = dict(task="auc", buffer=BUFFER, data_radius=DATA_RADIUS, model_radius=MODEL_RADIUS)
-    giga = PairwiseGIGA(
-        alpha=strc_alpha, seed=seed, keep_history=True, model_id=f"demo-{name}-giga", **common
-    )
-    out.append((ModelResult(name, "PairwiseGIGA", None, strc_alpha, strc_why, None), giga))
+    out = [ModelResult(name, "PairwiseGIGA", None, strc_alpha, strc_why, None, n=n)]
     k = release_every_for(n)
-    for cls, alpha, why in ((OnPairStrC, strc_alpha, strc_why), (OnPairC, c_alpha, c_why)):
-        for eps in epsilons:
-            model = cls(
-                epsilon=float(eps),
-                delta=DELTA,
-                horizon=n,
-                alpha=alpha,
-                seed=seed,
-                release_every=k,
-                smoothing_window=SMOOTHING_WINDOW,
-                predict_with="smoothed",
-                keep_history=True,
-                model_id=f"demo-{name}-{cls.__name__}-eps{eps:g}",
-                **common,
-            )
-            res = ModelResult(name, cls.__name__, float(eps), alpha, why, k, T1=model.T1)
-            out.append((res, model))
+    for algo, alpha, why in (("OnPairStrC", strc_alpha, strc_why), ("OnPairC", c_alpha, c_why)):
+        out += [ModelResult(name, algo, float(e), alpha, why, k, n=n) for e in epsilons]
+    return out
+
+
+def _make_learner(res: ModelResult, seed: int, keep_history: bool = True):
+    """The learner a result stub describes (public constructors only)."""
+    common = dict(
+        task="auc",
+        alpha=res.alpha,
+        buffer=BUFFER,
+        data_radius=DATA_RADIUS,
+        model_radius=MODEL_RADIUS,
+        seed=seed,
+        track_regret=keep_history,
+        keep_history=keep_history,
+    )
+    if res.epsilon_target is None:
+        return PairwiseGIGA(model_id=f"demo-{res.dataset}-giga", **common)
+    cls = {"OnPairStrC": OnPairStrC, "OnPairC": OnPairC}[res.algorithm]
+    return cls(
+        epsilon=res.epsilon_target,
+        delta=DELTA,
+        horizon=res.n,
+        release_every=res.release_every,
+        smoothing_window=SMOOTHING_WINDOW,
+        predict_with="smoothed",
+        model_id=f"demo-{res.dataset}-{res.algorithm}-eps{res.epsilon_target:g}",
+        **common,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _prepared(name: str, max_records: int | None) -> tuple[Prepared, np.ndarray]:
+    """The split, scaled dataset and its test matrix clipped to R (as ``score_one`` does).
+
+    Cached per process; filled in the parent before the worker processes fork.
+    """
+    data = prepare(name, max_records=max_records)
+    X_test = np.stack([clip_norm(x, DATA_RADIUS) for x in data.X_test])
+    return data, X_test
+
+
+_WORKER_QUEUE = None  # progress counts from a worker process to the parent
+
+
+def _set_queue(queue) -> None:
+    global _WORKER_QUEUE
+    _WORKER_QUEUE = queue
+
+
+def _init_worker(queue) -> None:
+    _set_queue(queue)
+    warnings.simplefilter("ignore", RuntimeWarning)  # a worker process: exhaustion is reported
+
+
+class _QueueProgress:
+    def update(self, k: int) -> None:
+        if _WORKER_QUEUE is not None and k:
+            _WORKER_QUEUE.put(k)
+
+
+class _InlineQueue:
+    """Stands in for the worker queue when learning runs in this process."""
+
+    def __init__(self, progress: _Progress) -> None:
+        self.progress = progress
+
+    def put(self, k: int) -> None:
+        self.progress.update(k)
+
+
+def _drain(queue, progress: _Progress) -> None:
+    import queue as queue_module
+
+    while True:
+        try:
+            progress.update(queue.get_nowait())
+        except queue_module.Empty:
+            return
+
+
+def _learn_task(res: ModelResult, seed: int, max_records: int | None) -> tuple:
+    """Stream one learner (in a worker or inline); returns the result and its release lines."""
+    data, X_test = _prepared(res.dataset, max_records)
+    lines: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # exhaustion is reported in the table
+        model = _make_learner(res, seed)
+        _stream_one(res, model, data, X_test, lambda m: lines.append(json.dumps(m)),
+                    _QueueProgress())  # fmt: skip
+    return res, lines
+
+
+def _spread_task(res: ModelResult, seeds: Sequence[int], max_records: int | None) -> list[float]:
+    """Test AUC of the same learner under other noise seeds (small data varies a lot)."""
+    data, X_test = _prepared(res.dataset, max_records)
+    out = []
+    for s in seeds:
+        model = _make_learner(res, s, keep_history=False)
+        for xi, yi in zip(data.X_stream, data.y_stream, strict=True):
+            model.learn_one(xi, bool(yi))
+        out.append(roc_auc(X_test @ model.smoothed_weights, data.y_test))
     return out
 
 
@@ -278,7 +367,7 @@ def _stream_one(
     data: Prepared,
     X_test: np.ndarray,
     sink: Callable[[dict], None],
-    progress: _Progress,
+    progress,
 ) -> None:
     """Stream every record through ``model``; fill ``res``; write each release to ``sink``."""
     private = not isinstance(model, PairwiseGIGA)
@@ -331,23 +420,8 @@ def _stream_one(
     if private:
         res.epsilon_spent = model.accountant.spent()[0]
         res.n_releases = model.n_releases
+        res.last_sigma = math.nan if model.last_sigma is None else float(model.last_sigma)
     res.wall_seconds = time.perf_counter() - t0
-
-
-def _seed_spread(res: ModelResult, data: Prepared, X_test: np.ndarray, seeds: range) -> None:
-    """Test AUC of the same learner under other noise seeds (small data varies a lot)."""
-    cls = {"OnPairStrC": OnPairStrC, "OnPairC": OnPairC}[res.algorithm]
-    for s in seeds:
-        model = cls(
-            task="auc", epsilon=res.epsilon_target, delta=DELTA, horizon=len(data.y_stream),
-            alpha=res.alpha, seed=s, buffer=BUFFER, data_radius=DATA_RADIUS,
-            model_radius=MODEL_RADIUS, release_every=res.release_every,
-            smoothing_window=SMOOTHING_WINDOW, predict_with="smoothed", track_regret=False,
-            model_id=f"demo-{res.dataset}-{res.algorithm}-eps{res.epsilon_target:g}",
-        )  # fmt: skip
-        for xi, yi in zip(data.X_stream, data.y_stream, strict=True):
-            model.learn_one(xi, bool(yi))
-        res.seed_spread.append(roc_auc(X_test @ model.smoothed_weights, data.y_test))
 
 
 def _fmt(v: float | None, spec: str = ".3f", none: str = "—") -> str:
@@ -486,7 +560,8 @@ def _results_markdown(
         f"{REGRET_ITERATIONS} projected-gradient iterations; * = sampled). It is computed from "
         "raw records: for the trusted operator's logs, **never released**. Slightly negative "
         "values mean the online iterate beat the approximately solved comparator.",
-        "- **wall s**: streaming + evaluation + comparator time for that model.",
+        "- **wall s**: streaming + evaluation + comparator time for that learner, in its "
+        f"worker process ({settings.jobs} process(es) share the machine).",
         "",
     ]
     for name, data in prepared.items():
@@ -603,15 +678,13 @@ def run_demo(settings: DemoSettings) -> list[ModelResult]:
     say(f"stream-dp demo → {out}")
 
     prepared: dict[str, Prepared] = {}
-    plans: list[tuple[ModelResult, object, Prepared, np.ndarray]] = []
+    results: list[ModelResult] = []
     for name in settings.datasets:
-        data = prepare(name, max_records=settings.max_records)
+        data, _ = _prepared(name, settings.max_records)
         n = len(data.y_stream)
         if n < 100:
             raise ValueError(f"{name}: {n} streamed records is too few for the demo (>= 100)")
         prepared[name] = data
-        X_test = np.stack([clip_norm(x, DATA_RADIUS) for x in data.X_test])  # as score_one does
-        models = _build_models(n, name, settings.epsilons, settings.seed)
         ds = data.dataset
         say(
             f"\n[{name}] {ds.n:,} records, d = {ds.d}: calibration {len(data.split.calibration)}"
@@ -621,35 +694,71 @@ def run_demo(settings: DemoSettings) -> list[ModelResult]:
             f"[{name}] FIFO({BUFFER}), R = {DATA_RADIUS:g}, D = {MODEL_RADIUS:g}, δ = {DELTA:g}, "
             f"release_every = {release_every_for(n)}, smoothing window = {SMOOTHING_WINDOW}"
         )
-        for res, model in models:
+        for res in _plan_models(n, name, settings.epsilons):
+            results.append(res)
             if res.epsilon_target is None:
                 say(f"  {res.label}: α = {res.alpha:g} ({res.alpha_reason}); no noise, no warm-up")
                 continue
+            model = _make_learner(res, settings.seed, keep_history=False)
+            res.T1 = model.T1
             res.describe = model.describe()
-            plan = model.noise_plan([n])  # the horizon n is always a release step
-            tail = f"; σ at the last release (t = {n}) ≈ {plan[0]['sigma']:.3g}" if plan else ""
-            res.describe += tail
             say(f"  {res.label}: α = {res.alpha:g} ({res.alpha_reason}); {res.describe}")
-        plans += [(res, model, data, X_test) for res, model in models]
 
-    total = sum(len(d.y_stream) for _, _, d, _ in plans)
-    progress = _Progress(total, enabled=not settings.quiet)
-    results = []
-    with open(out / "releases.jsonl", "w", encoding="utf-8") as fh, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # exhaustion is reported in the table
-
-        def sink(msg: dict) -> None:
-            fh.write(json.dumps(msg) + "\n")
-
-        for res, model, data, X_test in plans:
+    jobs = max(1, int(settings.jobs))
+    spread = [
+        r for r in results if r.epsilon_target is not None and r.n < SEED_SPREAD_BELOW
+    ]  # small data: the same learner under 10 other noise seeds
+    seeds = list(range(settings.seed + 1, settings.seed + 11))
+    total = sum(r.n for r in results)
+    say(f"\nlearning: {len(results)} learners, {total:,} steps, {jobs} process(es)")
+    done: dict[int, tuple] = {}
+    if jobs == 1:
+        progress = _Progress(total, enabled=not settings.quiet)
+        for k, res in enumerate(results):
             progress.set_description(f"{res.dataset} {res.label}")
-            _stream_one(res, model, data, X_test, sink, progress)
-            results.append(res)
-    progress.close()
-
-    for res, _, data, X_test in plans:
-        if res.epsilon_target is not None and len(data.y_stream) < SEED_SPREAD_BELOW:
-            _seed_spread(res, data, X_test, range(settings.seed + 1, settings.seed + 11))
+            _set_queue(_InlineQueue(progress))
+            try:
+                done[k] = _learn_task(res, settings.seed, settings.max_records)
+            finally:
+                _set_queue(None)
+        spreads = [_spread_task(r, seeds, settings.max_records) for r in spread]
+        progress.close()
+    else:
+        ctx = multiprocessing.get_context()  # the platform's default start method
+        queue = ctx.Queue()
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(queue,)) as pool:  # fmt: skip
+            # Longest first; all submitted (workers forked) before any progress-bar thread.
+            order = sorted(range(len(results)), key=lambda k: -results[k].n)
+            futures = {
+                pool.submit(_learn_task, results[k], settings.seed, settings.max_records): k
+                for k in order
+            }
+            spread_futures = [pool.submit(_spread_task, r, seeds, settings.max_records)
+                              for r in spread]  # fmt: skip
+            progress = _Progress(total, enabled=not settings.quiet)
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    done[futures[f]] = f.result()
+                progress.set_description(f"{len(done)}/{len(results)} learners done")
+                _drain(queue, progress)
+            spreads = [f.result() for f in spread_futures]
+            _drain(queue, progress)
+            progress.close()
+    results = [done[k][0] for k in range(len(results))]
+    with open(out / "releases.jsonl", "w", encoding="utf-8") as fh:
+        for k in range(len(results)):
+            fh.writelines(line + "\n" for line in done[k][1])
+    by_key = {(r.dataset, r.label): r for r in results}
+    for r, aucs in zip(spread, spreads, strict=True):
+        by_key[(r.dataset, r.label)].seed_spread = aucs
+    for r in results:
+        if r.epsilon_target is not None and math.isfinite(r.last_sigma):
+            r.describe += (
+                f"; σ actually used at the last release (t = {r.steps}): {r.last_sigma:.3g}"
+            )
 
     plot_note = "not requested (--no-plot)."
     if settings.plot:
@@ -717,6 +826,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="secret seed of the release noise (default: 0)"
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes; learners are independent (default: min(2, CPUs))",
+    )
     parser.add_argument("--no-plot", action="store_true", help="do not write demo.png")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or plan")
     parser.set_defaults(func=main)
@@ -736,6 +851,7 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         plot=not args.no_plot,
         quiet=args.quiet,
+        jobs=args.jobs,
     )
     run_demo(settings)
     return 0

@@ -73,7 +73,7 @@ def test_demo_bank_reduced_without_plot(tmp_path, capsys):
     out = tmp_path / "bank"
     text = _run(
         ["--out", str(out), "--dataset", "bank", "--max-records", "3000", "--epsilons", "2,16",
-         "--no-plot", "--quiet", "--seed", "3"],
+         "--no-plot", "--quiet", "--seed", "3", "--jobs", "1"],
         capsys,
     )  # fmt: skip
     _check_table(text, ("bank",), (2.0, 16.0))
@@ -90,7 +90,7 @@ def test_demo_bank_reduced_without_plot(tmp_path, capsys):
 
 def test_demo_both_datasets_with_plot(tmp_path, capsys):
     out = tmp_path / "both"
-    text = _run(["--out", str(out), "--max-records", "1500", "--quiet"], capsys)
+    text = _run(["--out", str(out), "--max-records", "1500", "--quiet", "--jobs", "2"], capsys)
     datasets, epsilons = ("bank", "pima"), (1.0, 4.0, 16.0)
     _check_table(text, datasets, epsilons)
     _check_releases(out / "releases.jsonl", epsilons, datasets)
@@ -107,7 +107,8 @@ def test_demo_without_matplotlib_skips_the_png(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     monkeypatch.setitem(sys.modules, "tqdm", None)  # and the fallback progress bar
     out = tmp_path / "noplot"
-    assert cli.main(["demo", "--out", str(out), "--dataset", "pima", "--epsilons", "8"]) == 0
+    argv = ["demo", "--out", str(out), "--dataset", "pima", "--epsilons", "8", "--jobs", "1"]
+    assert cli.main(argv) == 0
     captured = capsys.readouterr()
     assert "demo.png skipped: matplotlib is not installed" in captured.err
     assert "[##" in captured.err and "100.0%" in captured.err  # the text progress bar
@@ -118,17 +119,17 @@ def test_demo_without_matplotlib_skips_the_png(tmp_path, capsys, monkeypatch):
 def test_demo_default_out_dir_and_reproducible(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = ["--dataset", "pima", "--epsilons", "4", "--no-plot", "--quiet"]
-    _run(argv, capsys)
+    _run(["--jobs", "2", *argv], capsys)
     (first,) = list(tmp_path.glob("stream-dp-demo-*"))
-    _run(["--out", str(tmp_path / "again"), *argv], capsys)
+    _run(["--out", str(tmp_path / "again"), "--jobs", "1", *argv], capsys)
     a = (first / "releases.jsonl").read_text().splitlines()
     b = (tmp_path / "again" / "releases.jsonl").read_text().splitlines()
-    strip = ("time",)  # nothing time-dependent is expected, but be explicit about it
 
-    def weights(lines):
-        return [{k: v for k, v in json.loads(x).items() if k not in strip} for x in lines]
+    def messages(lines):  # a wall-clock "time" field, if release messages carry one, may differ
+        return [{k: v for k, v in json.loads(x).items() if k != "time"} for x in lines]
 
-    assert weights(a) == weights(b)  # same --seed, same releases
+    assert len(a) > 10
+    assert messages(a) == messages(b)  # same --seed: same releases, in 2 processes or in 1
 
 
 def test_bad_arguments_are_rejected(capsys):
