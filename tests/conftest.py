@@ -10,14 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import stream_dp
+
 __all__ = ["pima", "pima_split", "stream_factory", "quiet_exhaustion"]
 
 _HERE = Path(__file__).resolve().parent
-# Where the public datasets may live: an explicit directory, the test-local copy, then the
-# shared data folder of the project.
+# Where the public datasets may live: an explicit directory, the test-local copy, the copies
+# shipped inside the package, then the shared data folder of the project.
 _DATA_DIRS = [
     *([Path(os.environ["STREAM_DP_DATA"])] if os.environ.get("STREAM_DP_DATA") else []),
     _HERE / "data",
+    Path(stream_dp.__file__).resolve().parent / "data",
     Path("/work/shared/data"),
 ]
 
@@ -33,7 +36,8 @@ def _find(name: str) -> Path | None:
 def pima() -> tuple[np.ndarray, np.ndarray]:
     """Pima Indians Diabetes (768 × 8 features) and its ±1 label (``Outcome`` 1 → +1).
 
-    Skips the test if the CSV is not found in ``$STREAM_DP_DATA``, ``tests/data`` or
+    Read straight from the UCI CSV (no preprocessing beyond the label). Skips the test if the
+    file is in none of ``$STREAM_DP_DATA``, ``tests/data``, ``stream_dp/data``,
     ``/work/shared/data``.
     """
     path = _find("pima_indians_diabetes.csv")
