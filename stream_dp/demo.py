@@ -515,13 +515,14 @@ def _plot(results: list[ModelResult], datasets: Sequence[str], path: Path) -> st
         ax_pen.set_ylabel("average penalty")
         for ax in (ax_auc, ax_pen):
             ax.grid(alpha=0.3)
-        ax_auc.legend(fontsize=8, loc="lower right", ncol=2)
     fig.suptitle(
         "stream-dp demo — solid: OnPairStrC, dashed: OnPairC, black: GIGA (not private); "
         f"δ = {DELTA:g}",
         fontsize=11,
     )
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.14 / len(datasets), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
