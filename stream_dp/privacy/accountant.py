@@ -10,8 +10,12 @@ with :class:`BudgetExhausted` and the ledger is left untouched.
 
 from __future__ import annotations
 
+import bisect
 import math
+from array import array
 from collections.abc import Iterable
+
+import numpy as np
 
 from stream_dp.privacy.conversions import Conversion, epsilon_from_rho, rho_from_epsilon
 from stream_dp.privacy.events import (
@@ -40,24 +44,52 @@ class DoubleCharge(RuntimeError):
     """A step was charged twice with different events (two independent releases of one step)."""
 
 
+_MECH_CODES = {"gaussian": 0, "laplace": 1, "gaussian-approx": 2}
+_MECH_NAMES = {v: k for k, v in _MECH_CODES.items()}
+
+
 class _Ledger:
+    """Columnar storage of charges: ~25 bytes per charge instead of a Python object each.
+
+    A long stream releases at every step, so the ledger is the one structure that grows with
+    the stream; it is kept as typed arrays (step, mechanism, sensitivity, scale, and for
+    (ε, δ) events ε and δ). Events are rebuilt on demand by :attr:`ledger`. Charges arrive in
+    non-decreasing step order (a step may carry several mechanisms), which lets a replayed
+    charge be found by bisection instead of a per-charge dictionary.
+    """
+
     _kinds: tuple[type, ...] = ()
 
     def __init__(self) -> None:
-        self._ledger: list[Event] = []
-        self._index: dict[tuple[int, str], Event] = {}
+        self._steps = array("q")
+        self._mech = array("b")
+        self._sens = array("d")
+        self._scale = array("d")
+        self._eps = array("d")  # only ApproxDPEvent
+        self._delta = array("d")  # only ApproxDPEvent
         # Shewchuk partials of the exact sum of the ledger's costs: fsum(partials) equals
         # fsum(costs of every event) bit for bit, at O(1) amortised cost per charge. This is not
         # a second counter: it is rebuilt from the ledger on load and checked by verify().
         self._partials: list[float] = []
 
+    def _event(self, i: int) -> Event:
+        mech = _MECH_NAMES[self._mech[i]]
+        step, sens, scale = int(self._steps[i]), self._sens[i], self._scale[i]
+        if mech == "gaussian":
+            return GaussianEvent(step=step, sensitivity=sens, sigma=scale)
+        if mech == "laplace":
+            return LaplaceEvent(step=step, sensitivity=sens, scale=scale)
+        return ApproxDPEvent(
+            step=step, sensitivity=sens, scale=scale, epsilon=self._eps[i], delta=self._delta[i]
+        )
+
     @property
     def ledger(self) -> tuple[Event, ...]:
-        """Every charge, in the order it was made."""
-        return tuple(self._ledger)
+        """Every charge, in the order it was made (rebuilt as event objects: O(n))."""
+        return tuple(self._event(i) for i in range(len(self._steps)))
 
     def __len__(self) -> int:
-        return len(self._ledger)
+        return len(self._steps)
 
     def _cost(self, event: Event) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -82,7 +114,7 @@ class _Ledger:
 
     def verify(self) -> bool:
         """Recompute the total from the ledger entries and compare (it must be identical)."""
-        return math.fsum(self._cost(e) for e in self._ledger) == self._total()
+        return math.fsum(self._cost(e) for e in self.ledger) == self._total()
 
     def _budget(self) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -90,40 +122,100 @@ class _Ledger:
     def can_afford(self, cost: float) -> bool:
         return self._total([cost]) <= self._budget()
 
+    def charged(self, step: int, mechanism: str) -> Event | None:
+        """The event charged for ``(step, mechanism)``, if any."""
+        code = _MECH_CODES.get(mechanism)
+        steps = self._steps
+        i = bisect.bisect_left(steps, step)
+        while i < len(steps) and steps[i] == step:
+            if self._mech[i] == code:
+                return self._event(i)
+            i += 1
+        return None
+
     def charge(self, event: Event) -> Event:
         """Record one release; idempotent for an identical replay of the same step."""
         if not isinstance(event, self._kinds):
             raise TypeError(f"{type(self).__name__} cannot compose {type(event).__name__}")
-        key = (event.step, event.mechanism)
-        previous = self._index.get(key)
-        if previous is not None:
-            if previous == event:
-                return previous
-            raise DoubleCharge(
-                f"step {event.step} was already charged with {previous}; refusing {event}"
-            )
-        if not self.can_afford(self._cost(event)):
+        last = self._steps[-1] if self._steps else None
+        if last is not None and event.step <= last:
+            previous = self.charged(event.step, event.mechanism)
+            if previous is not None:
+                if previous == event:
+                    return previous
+                raise DoubleCharge(
+                    f"step {event.step} was already charged with {previous}; refusing {event}"
+                )
+            if event.step < last:
+                raise ValueError(
+                    f"charges must arrive in step order: step {event.step} after step {last}"
+                )
+        cost = self._cost(event)
+        if not self.can_afford(cost):
             raise BudgetExhausted(
-                f"release at step {event.step} costs {self._cost(event):.3g} but only "
+                f"release at step {event.step} costs {cost:.3g} but only "
                 f"{max(self._budget() - self._total(), 0.0):.3g} of the budget remains"
             )
-        self._ledger.append(event)
-        self._index[key] = event
-        self._accumulate(self._cost(event))
+        self._append(event)
         return event
 
-    def charged(self, step: int, mechanism: str) -> Event | None:
-        return self._index.get((step, mechanism))
+    def _append(self, event: Event) -> None:
+        self._steps.append(int(event.step))
+        self._mech.append(_MECH_CODES[event.mechanism])
+        self._sens.append(float(event.sensitivity))
+        scale = event.sigma if isinstance(event, GaussianEvent) else event.scale
+        self._scale.append(float(scale))
+        if isinstance(event, ApproxDPEvent):
+            self._eps.append(float(event.epsilon))
+            self._delta.append(float(event.delta))
+        else:
+            self._eps.append(math.nan)
+            self._delta.append(math.nan)
+        self._accumulate(self._cost(event))
 
-    def _events_to_list(self) -> list[dict]:
-        return [e.to_dict() for e in self._ledger]
+    def nbytes(self) -> int:
+        """Memory held by the ledger's columns."""
+        cols = (self._steps, self._mech, self._sens, self._scale, self._eps, self._delta)
+        return sum(c.itemsize * len(c) for c in cols)
 
-    def _load_events(self, events: list[dict]) -> None:
-        for d in events:
-            ev = event_from_dict(d)
-            self._ledger.append(ev)
-            self._index[(ev.step, ev.mechanism)] = ev
-            self._accumulate(self._cost(ev))
+    def _columns(self) -> dict:
+        return {
+            "step": np.frombuffer(self._steps, dtype=np.int64).copy(),
+            "mechanism": np.frombuffer(self._mech, dtype=np.int8).copy(),
+            "sensitivity": np.frombuffer(self._sens, dtype=np.float64).copy(),
+            "scale": np.frombuffer(self._scale, dtype=np.float64).copy(),
+            "epsilon": np.frombuffer(self._eps, dtype=np.float64).copy(),
+            "delta": np.frombuffer(self._delta, dtype=np.float64).copy(),
+        }
+
+    def _load(self, d: dict) -> None:
+        if "columns" in d:
+            c = d["columns"]
+            n = len(c["step"])
+            for i in range(n):
+                code = int(c["mechanism"][i])
+                mech = _MECH_NAMES[code]
+                step, sens, scale = (
+                    int(c["step"][i]),
+                    float(c["sensitivity"][i]),
+                    float(c["scale"][i]),
+                )
+                if mech == "gaussian":
+                    ev: Event = GaussianEvent(step=step, sensitivity=sens, sigma=scale)
+                elif mech == "laplace":
+                    ev = LaplaceEvent(step=step, sensitivity=sens, scale=scale)
+                else:
+                    ev = ApproxDPEvent(
+                        step=step,
+                        sensitivity=sens,
+                        scale=scale,
+                        epsilon=float(c["epsilon"][i]),
+                        delta=float(c["delta"][i]),
+                    )
+                self._append(ev)
+        else:  # the list-of-dicts form (older checkpoints, hand-written ledgers)
+            for e in d.get("events", []):
+                self._append(event_from_dict(e))
 
 
 class ZCDPAccountant(_Ledger):
@@ -181,7 +273,7 @@ class ZCDPAccountant(_Ledger):
             "epsilon": self.epsilon,
             "delta": self.delta,
             "conversion": self.conversion,
-            "events": self._events_to_list(),
+            "columns": self._columns(),
         }
 
     def __repr__(self) -> str:
@@ -217,7 +309,7 @@ class PureDPAccountant(_Ledger):
         return self._total(), 0.0
 
     def to_dict(self) -> dict:
-        return {"kind": "pure", "epsilon": self.epsilon, "events": self._events_to_list()}
+        return {"kind": "pure", "epsilon": self.epsilon, "columns": self._columns()}
 
     def __repr__(self) -> str:
         return f"PureDPAccountant(ε={self.epsilon}, ε spent={self._total():.4g})"
@@ -240,20 +332,20 @@ class ApproxDPAccountant(_Ledger):
         return self.epsilon
 
     def charge(self, event: Event) -> Event:
-        deltas = math.fsum([e.delta for e in self._ledger] + [event.delta])  # few events offline
-        if deltas > self.delta and (event.step, event.mechanism) not in self._index:
+        deltas = math.fsum([*self._delta, event.delta])
+        if deltas > self.delta and self.charged(event.step, event.mechanism) is None:
             raise BudgetExhausted(f"δ budget {self.delta} would be exceeded ({deltas})")
         return super().charge(event)
 
     def spent(self) -> tuple[float, float]:
-        return self._total(), math.fsum(e.delta for e in self._ledger)
+        return self._total(), math.fsum(self._delta)
 
     def to_dict(self) -> dict:
         return {
             "kind": "approx",
             "epsilon": self.epsilon,
             "delta": self.delta,
-            "events": self._events_to_list(),
+            "columns": self._columns(),
         }
 
     def __repr__(self) -> str:
@@ -273,7 +365,7 @@ def accountant_from_dict(d: dict) -> ZCDPAccountant | PureDPAccountant | ApproxD
         acc = ApproxDPAccountant(d["epsilon"], d["delta"])
     else:
         raise ValueError(f"unknown accountant kind {kind!r}")
-    acc._load_events(d["events"])
+    acc._load(d)
     if acc._total() > acc._budget():
         raise ValueError("the stored ledger exceeds its own budget: refusing to load it")
     return acc
