@@ -834,6 +834,28 @@ class KafkaSource:
                     return False
                 backoff.failed(err, max_sleep=deadline - time.monotonic())
 
+    def lag(self) -> int | None:
+        """Records on the broker not yet yielded, summed over assigned partitions (for status).
+
+        Asks the broker for end offsets (one short request); returns None when the broker is
+        unreachable or nothing is assigned yet. Never raises.
+        """
+        from kafka.errors import KafkaError
+
+        if self._consumer is None or not self._assigned:
+            return None
+        try:
+            ends = self._consumer.end_offsets(list(self._assigned))
+        except (KafkaError, OSError, ValueError):
+            return None
+        total = 0
+        for tp, end in ends.items():
+            nxt = self._next.get((tp.topic, tp.partition))
+            if nxt is None or end is None:
+                return None
+            total += max(int(end) - int(nxt), 0)
+        return total
+
     def close(self) -> None:
         """Close the consumer (nothing is committed implicitly). Idempotent."""
         self._stop.set()

@@ -126,6 +126,9 @@ def test_20k_records_one_release_per_step(kafka_broker: KafkaBroker, unique_name
     engine = Engine(cfg)
     stats = engine.run()
     assert stats.learned == n and engine.learner.step == n and stats.dead_letters == 0
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["step"] == n and status["consumer_lag"] == 0
+    assert status["epsilon_spent"] <= status["epsilon_budget"]
 
     releases = parse_releases(read_all(bootstrap, names["releases"]))
     assert len(releases) == n, "exactly one release per learning step (no crash, no replay)"
