@@ -4,15 +4,18 @@ A checkpoint holds raw records (the buffer) and the noise secret, so it is writt
 0600, via a temporary file in the same directory, ``fsync``, then ``rename`` (atomic on POSIX),
 and the directory is fsynced so the rename survives a power cut.
 
-Format (version 1), chosen to be safe to read (no pickle):
+Format (version 2), chosen to be safe to read (no pickle):
 
 ``b"STREAMDP-CKPT\\n"`` · 8-byte big-endian header length · JSON header · NPZ payload
 
 The header carries the schema version, the model id and class, a fingerprint of the learner's
-parameters, the SHA-256 of the payload, and every non-array value; arrays live in the NPZ
-(``allow_pickle=False``). Anything that does not check out — truncation, a flipped byte, another
-model, another parameter set, a newer or older format — raises a :class:`CheckpointError`
-subclass with a message that says what to do. Nothing here ever "starts fresh" silently: a fresh
+parameters, the SHA-256 of the payload, every non-array value (the ledger, the step, the noise
+secret, ...) and the SHA-256 of all of that (``header_sha256``, over its canonical JSON); arrays
+live in the NPZ (``allow_pickle=False``). Version 1 did not checksum the header — a flipped
+byte in the ledger or the step loaded silently — so version 1 files are refused. Anything that
+does not check out — truncation, a flipped byte, another model, another parameter set, a newer
+or older format — raises a :class:`CheckpointError` subclass with a message that says what to
+do. Nothing here ever "starts fresh" silently: a fresh
 start resets the ledger, so it is the caller's explicit decision.
 
 """
@@ -43,7 +46,7 @@ __all__ = [
     "params_fingerprint",
 ]
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 _MAGIC = b"STREAMDP-CKPT\n"
 
 
@@ -83,6 +86,13 @@ def _jsonable_params(params: dict) -> dict:
         else:
             out[k] = repr(v)
     return out
+
+
+def _header_digest(header: dict) -> str:
+    """SHA-256 of the header's canonical JSON, without its own ``header_sha256`` field."""
+    fields = {k: v for k, v in header.items() if k != "header_sha256"}
+    blob = json.dumps(fields, allow_nan=False, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
 
 
 def params_fingerprint(params: dict) -> str:
@@ -182,6 +192,7 @@ def save_checkpoint(
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
         "body": body,
     }
+    header["header_sha256"] = _header_digest(header)
     head = json.dumps(header, allow_nan=False).encode()
     blob = _MAGIC + len(head).to_bytes(8, "big") + head + payload
 
@@ -235,12 +246,20 @@ def load_checkpoint(
         header = json.loads(data[off : off + n])
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointCorrupt(f"{path} has an unreadable header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CheckpointCorrupt(f"{path} has an unreadable header (not a JSON object)")
     version = header.get("version")
     if version != CHECKPOINT_VERSION:
         raise CheckpointVersionError(
             f"{path} is checkpoint format version {version!r}; this build reads version "
             f"{CHECKPOINT_VERSION}. Resume with the stream_dp release that wrote it"
         )
+    try:
+        header_ok = header.get("header_sha256") == _header_digest(header)
+    except ValueError:  # NaN or Infinity in a damaged header
+        header_ok = False
+    if not header_ok:
+        raise CheckpointCorrupt(f"{path} is corrupted (header checksum mismatch)")
     payload = data[off + n :]
     if hashlib.sha256(payload).hexdigest() != header.get("payload_sha256"):
         raise CheckpointCorrupt(f"{path} is corrupted or truncated (payload checksum mismatch)")
