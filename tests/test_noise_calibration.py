@@ -13,7 +13,16 @@ import pytest
 from scipy import special
 
 from stream_dp.online import OnPairC, OnPairStrC
-from stream_dp.privacy import KeyedNoise, rho_from_epsilon
+from stream_dp.privacy import (
+    BudgetExhausted,
+    DoubleCharge,
+    GaussianEvent,
+    KeyedNoise,
+    ZCDPAccountant,
+    accountant_from_dict,
+    gaussian_sigma_zcdp,
+    rho_from_epsilon,
+)
 
 __all__: list[str] = []
 
@@ -161,6 +170,49 @@ def test_anytime_schedule_never_overruns_a_long_stream() -> None:
         model.learn_one(X[t], y[t])
     assert math.fsum(e.rho for e in model.accountant.ledger) < model.accountant.rho_budget
     assert not model.exhausted and len(model.accountant.ledger) == 3000 - 5
+
+
+def test_ledger_refuses_overruns_and_double_charges() -> None:
+    acc = ZCDPAccountant(epsilon=EPS, delta=DELTA)
+    budget = acc.rho_budget
+
+    def event(step: int, share: float, sensitivity: float = 0.3) -> GaussianEvent:
+        return GaussianEvent(step, sensitivity, gaussian_sigma_zcdp(sensitivity, share * budget))
+
+    first = acc.charge(event(1, 0.6))
+    assert acc.charge(event(1, 0.6)) == first and len(acc) == 1  # an identical replay is free
+    with pytest.raises(DoubleCharge):
+        acc.charge(event(1, 0.6, sensitivity=0.31))  # another release of a charged step
+    with pytest.raises(BudgetExhausted):
+        acc.charge(event(2, 0.5))
+    assert acc.ledger == (first,)  # a refused charge leaves the ledger untouched
+    acc.charge(event(2, 0.39))
+    assert acc.rho_spent() <= budget and acc.spent()[0] <= EPS
+    restored = accountant_from_dict(acc.to_dict())
+    assert restored.ledger == acc.ledger and restored.rho_spent() == acc.rho_spent()
+    # A hand-written ledger (the list-of-events form) that overruns its own budget.
+    tampered = {k: v for k, v in acc.to_dict().items() if k != "columns"}
+    tampered["events"] = [e.to_dict() for e in (*acc.ledger, event(3, 0.5))]
+    with pytest.raises(ValueError):
+        accountant_from_dict(tampered)  # a stored ledger above its own budget is refused
+
+
+def test_a_refused_release_exhausts_the_learner(quiet_exhaustion) -> None:
+    # If the accountant refuses a release (here: its budget was mostly spent elsewhere), the
+    # learner must not publish, must not charge, and keeps serving its last release.
+    model = OnPairStrC(task="auc", epsilon=EPS, delta=DELTA, horizon=30, alpha=1.0, warmup=4,
+                       buffer=4, seed=15, track_regret=False)  # fmt: skip
+    rho = 0.999 * model.accountant.rho_budget
+    model.accountant.charge(GaussianEvent(0, 1.0, gaussian_sigma_zcdp(1.0, rho)))
+    X, y = _stream(9, 10, 3, "auc")
+    for t in range(4):
+        model.learn_one(X[t], y[t])
+    warmup_release = model.private_weights
+    for t in range(4, 10):
+        model.learn_one(X[t], y[t])
+    assert model.exhausted and model.n_releases == 0
+    assert len(model.accountant.ledger) == 1
+    np.testing.assert_array_equal(model.private_weights, warmup_release)
 
 
 @pytest.mark.parametrize("buffer", ["all", "fifo:5", "reservoir:5"])
