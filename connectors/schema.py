@@ -182,10 +182,16 @@ class InputRecord(BaseModel):
             if not value:
                 raise PydanticCustomError("empty_features", "x has no features")
             out: dict[str, float] = {}
+            isfinite = math.isfinite
             for name, v in value.items():
-                if not isinstance(name, str):
+                if type(name) is not str and not isinstance(name, str):
                     raise PydanticCustomError("wrong_type", "feature names must be strings")
-                out[name] = _finite_float(v, f"feature {name!r}")
+                # JSON decodes numbers to exact float/int: check those without the ABC
+                # machinery of _finite_float (this loop runs once per feature per record).
+                if type(v) is float and isfinite(v):
+                    out[name] = v
+                else:
+                    out[name] = _finite_float(v, f"feature {name!r}")
             return out
         if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
             if len(value) == 0:

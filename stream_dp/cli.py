@@ -34,6 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _register_optional(sub, "stream_dp.engine.cli", "run", "run the streaming engine (Kafka)")
     _register_optional(sub, "stream_dp.audit.cli", "audit", "empirical DP audit of a learner")
+    from stream_dp.engine import tools
+
+    tools.add_produce_arguments(
+        sub.add_parser("produce", help="send a bundled dataset to a Kafka topic (for trying run)")
+    )
+    tools.add_watch_arguments(
+        sub.add_parser("watch", help="read a release topic; rebuild and score each release")
+    )
     return parser
 
 
