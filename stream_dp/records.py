@@ -82,12 +82,16 @@ class FeatureSchema:
         if isinstance(x, Mapping):
             return self._dict_to_array(x, learning)
         if isinstance(x, np.ndarray | list | tuple):
-            arr = np.asarray(x)
-            if arr.ndim != 1 or not (
-                np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
-            ):
+            try:
+                arr = np.asarray(x)
+            except (ValueError, TypeError, OverflowError):  # ragged, undecodable bytes, ...
+                raise InvalidRecord(
+                    "wrong_type", "an array record must be a 1-D numeric vector"
+                ) from None
+            if arr.ndim != 1 or arr.dtype.kind not in "biuf":  # not complex, str, object, ...
                 raise InvalidRecord("wrong_type", "an array record must be a 1-D numeric vector")
-            arr = arr.astype(float)
+            with np.errstate(over="ignore", invalid="ignore"):  # huge longdouble -> inf: rejected
+                arr = arr.astype(float)
             if self.names is None:
                 if not learning:
                     raise InvalidRecord("no_schema", "no schema yet: learn a record first")
@@ -109,8 +113,12 @@ class FeatureSchema:
                 raise InvalidRecord(
                     "wrong_type", f"feature {k!r} must be a real number, got {type(v).__name__}"
                 )
-            if not math.isfinite(v):
-                raise InvalidRecord("non_finite", f"feature {k!r} is not finite ({v})")
+            try:
+                finite = math.isfinite(v)
+            except OverflowError:  # an int or Fraction beyond the range of a double
+                finite = False
+            if not finite:
+                raise InvalidRecord("non_finite", f"feature {k!r} is not finite or too large")
         if self.names is None:
             if not learning:
                 return np.zeros(0)
@@ -143,10 +151,23 @@ def clip_norm(x: np.ndarray, radius: float) -> np.ndarray:
     array([0.6, 0.8])
 
     """
-    norm = float(np.sqrt(x @ x))
+    # vdot: the same sum as ``x @ x``, without a warning when ‖x‖² overflows.
+    norm = math.sqrt(np.vdot(x, x))
     if norm > radius:
+        if math.isinf(norm):
+            return _clip_huge(x, radius)
         return x * (radius / norm)
     return x
+
+
+def _clip_huge(x: np.ndarray, radius: float) -> np.ndarray:
+    """:func:`clip_norm` for a finite x whose ‖x‖² overflows: rescale first, keep the direction."""
+    scale = float(np.max(np.abs(x)))
+    u = x / scale
+    unit_norm = math.sqrt(np.vdot(u, u))
+    if scale * unit_norm <= radius:  # only for radii beyond 1.3e154
+        return x
+    return u * (radius / unit_norm)
 
 
 def auc_label(y: object) -> float:
@@ -184,6 +205,8 @@ class LabelCodes:
             raise InvalidRecord("bad_label", f"a class label must be hashable, got {y!r}")
         if isinstance(y, np.generic):
             y = y.item()
+            if isinstance(y, float) and math.isnan(y):  # np.float32('nan') is no Python float
+                raise InvalidRecord("bad_label", f"a class label is required, got {y!r}")
         code = self.codes.get(y)
         if code is None:
             code = float(len(self.codes))

@@ -55,7 +55,11 @@ def prepare_features(X, data_radius: float) -> np.ndarray:
            [0.1, 0. ]])
 
     """
-    arr = np.asarray(X, dtype=float)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # values too large for a double: inf
+            arr = np.asarray(X, dtype=float)
+    except (TypeError, ValueError, OverflowError):  # not numbers, ragged rows, ...
+        raise InvalidRecord("wrong_type", "X must be a 2-D array of real numbers") from None
     if arr.ndim != 2 or arr.shape[1] == 0:
         raise InvalidRecord("wrong_type", f"X must be a 2-D array (n, d), got shape {arr.shape}")
     if not np.isfinite(arr).all():
