@@ -303,32 +303,22 @@ def online_target(
 
 
 def _offline_classes() -> dict[str, type]:
-    """The offline learners of :mod:`stream_dp.offline`, by lower-case class name."""
-    import importlib
-    import pkgutil
+    """The offline learners of :mod:`stream_dp.offline` with ``fit(X, y)``, by lower-case name.
 
-    try:
-        package = importlib.import_module("stream_dp.offline")
-    except ImportError:  # pragma: no cover - the package always exists in this repository
-        return {}
-    modules = [package]
-    if not getattr(package, "__all__", None):  # no public re-exports yet: look in the modules
-        modules += [
-            importlib.import_module(f"stream_dp.offline.{info.name}")
-            for info in pkgutil.iter_modules(package.__path__)
-            if not info.name.startswith("_")
-        ]
+    (DPPDML learns from labelled pairs, ``fit(X, pairs, pair_labels)``: the record-level canary
+    design does not apply to it.)
+    """
+    import importlib
+    import inspect
+
+    offline = importlib.import_module("stream_dp.offline")
     found: dict[str, type] = {}
-    for mod in modules:
-        for name in getattr(mod, "__all__", ()):
-            obj = getattr(mod, name, None)
-            if (
-                isinstance(obj, type)
-                and not name.endswith("Base")
-                and hasattr(obj, "fit")
-                and hasattr(obj, "private_weights")
-            ):
-                found[name.lower()] = obj
+    for name in getattr(offline, "__all__", ()):
+        obj = getattr(offline, name, None)
+        if not isinstance(obj, type) or name.endswith("Base") or not hasattr(obj, "fit"):
+            continue
+        if list(inspect.signature(obj.fit).parameters) == ["self", "X", "y"]:
+            found[name.lower()] = obj
     return found
 
 
