@@ -202,8 +202,7 @@ def test_release_is_projection_of_statistic_plus_recorded_draw(name, task, delta
 
 @pytest.mark.parametrize(
     "name,delta",
-    [(n, d) for n in ("DPGDSC", "DPGDC", "OffPairStrC", "PairwiseSGD") for d in (1e-3, 0.0)
-     if d or n in PURE],
+    [(n, d) for n in OUTPUT for d in (1e-3, 0.0) if d or n in PURE],
 )  # fmt: skip
 def test_empirical_noise_scale_over_many_seeds(name, delta):
     X, y = _data("auc", seed=2)

@@ -68,7 +68,14 @@ def prepare_features(X, data_radius: float) -> np.ndarray:
 
 
 def make_constraint(task: str, radius: float, kind: str = "default") -> ConstraintSet:
-    """C for a task: L2 ball (AUC), PSD ∩ Frobenius ball or PSD ∩ nuclear ball (metric)."""
+    """C for a task: L2 ball (AUC), PSD ∩ Frobenius ball or PSD ∩ nuclear ball (metric).
+
+    Examples
+    --------
+    >>> make_constraint("metric", 1.0, "nuclear")
+    PSDNuclearBall(radius=1.0)
+
+    """
     if task == "auc":
         if kind not in ("default", "l2"):
             raise ValueError(f"the AUC task uses the L2 ball, got constraint={kind!r}")

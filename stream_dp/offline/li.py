@@ -102,7 +102,15 @@ def appendix_kappa(pairs) -> int:
 
 
 def pair_graph_kappa(pairs, method: str = "degree") -> int:
-    """κ of a pair graph: ``"degree"`` (safe, node-level) or ``"appendix"`` (Li's κ')."""
+    """κ of a pair graph: ``"degree"`` (safe, node-level) or ``"appendix"`` (Li's κ').
+
+    Examples
+    --------
+    >>> cycle = [[0, 1], [1, 2], [2, 3], [3, 0]]
+    >>> pair_graph_kappa(cycle, "degree"), pair_graph_kappa(cycle, "appendix")
+    (2, 2)
+
+    """
     if method == "degree":
         return degree_kappa(pairs)
     if method == "appendix":

@@ -82,6 +82,17 @@ def calibrate_iterations(
     Returns ``(σ, raised)``: the paper's σ when ``n_iter·Δ²/(2σ²) ≤ ρ_budget``, otherwise the
     smallest σ that fits (the paper's composition argument is then not backed by the ledger's
     rigorous conversion, and we say so).
+
+    Examples
+    --------
+    >>> from stream_dp.privacy import ZCDPAccountant
+    >>> acc = ZCDPAccountant(epsilon=1.0, delta=1e-5)
+    >>> calibrate_iterations(acc, sensitivity=0.05, sigma=1.0, n_iter=10)
+    (1.0, False)
+    >>> sigma, raised = calibrate_iterations(acc, sensitivity=1.0, sigma=1.0, n_iter=10)
+    >>> raised and 10 / (2 * sigma**2) <= acc.rho_budget
+    True
+
     """
     rho_each = sensitivity**2 / (2.0 * sigma**2)
     budget = accountant.rho_budget * (1.0 - 1e-9)  # shave: n correctly rounded ρ's never overrun

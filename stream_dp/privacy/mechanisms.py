@@ -178,22 +178,49 @@ def offpair_sensitivity(lipschitz: float, alpha: float, n: int) -> float:
     The average ``w̃ = (w_1+…+w_n)/n`` of Pairwise GIGA iterates; by Lemma 4
     ``‖w_t − w'_t‖ ≤ 8G/(αt)`` and ``(1/n)Σ_t 8G/(αt) ≤ 8G ln n/(αn)``. With the classic Gaussian
     this is exactly Alg. 3 step 9's ``σ² = 128G² ln²n ln(1.25/δ)/(α²n²ε²)``.
+
+    Examples
+    --------
+    >>> round(offpair_sensitivity(4.0, 1.0, 100), 4)
+    1.4737
+
     """
     return 8.0 * lipschitz * math.log(n) / (alpha * n)
 
 
 def dpgdsc_sensitivity(lipschitz: float, alpha: float, n: int) -> float:
-    """DPGDSC (Xue et al. 2021, Alg. 1, Lemma 1, eq. 3): ``‖w_T − w'_T‖ ≤ 8G/(αn)``."""
+    """DPGDSC (Xue et al. 2021, Alg. 1, Lemma 1, eq. 3): ``‖w_T − w'_T‖ ≤ 8G/(αn)``.
+
+    Examples
+    --------
+    >>> dpgdsc_sensitivity(4.0, 0.5, 64)
+    1.0
+
+    """
     return 8.0 * lipschitz / (alpha * n)
 
 
 def dpgdc_sensitivity(lipschitz: float, eta: float, n_iter: int, n: int) -> float:
-    """DPGDC (Xue et al. 2021, Alg. 4, Lemma 7, eq. 7): average of PGD iterates, ``4GηT/n``."""
+    """DPGDC (Xue et al. 2021, Alg. 4, Lemma 7, eq. 7): average of PGD iterates, ``4GηT/n``.
+
+    Examples
+    --------
+    >>> dpgdc_sensitivity(4.0, 0.5, 10, 80)
+    1.0
+
+    """
     return 4.0 * lipschitz * eta * n_iter / n
 
 
 def dpegd_sensitivity(lipschitz: float, eta_i: float) -> float:
-    """DPEGD epoch i (Xue et al. 2021, Alg. 3, proof of Thm. 3): ``4Gη_i T_i/n_i = 4Gη_i``."""
+    """DPEGD epoch i (Xue et al. 2021, Alg. 3, proof of Thm. 3): ``4Gη_i T_i/n_i = 4Gη_i``.
+
+    Examples
+    --------
+    >>> dpegd_sensitivity(4.0, 0.125)
+    2.0
+
+    """
     return 4.0 * lipschitz * eta_i
 
 
@@ -202,6 +229,12 @@ def pairwise_gradient_sensitivity(lipschitz: float, n: int) -> float:
 
     Replacing one record changes the 2(n − 1) ordered pairs it takes part in, each by at most
     2G (Xue et al. 2021, proof of Lemma 1; Kang et al., App. B.2).
+
+    Examples
+    --------
+    >>> pairwise_gradient_sensitivity(4.0, 100)
+    0.16
+
     """
     return 4.0 * lipschitz / n
 
@@ -221,6 +254,12 @@ def pairwise_sgd_sensitivity(
 
     Note the factor **e**: eq. (5) of the paper (and SPEC §7, which copies it) drops the ``e``
     of eqs. (3) and (9); we keep it, so for T ≥ n σ² is exactly e times eq. (5).
+
+    Examples
+    --------
+    >>> round(pairwise_sgd_sensitivity(2.0, 0.01, 100, 100, 1e-3), 4)
+    4.911
+
     """
     if not (0 < delta < 1):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
@@ -239,12 +278,26 @@ def pairwise_sgd_sensitivity(
 
 
 def dpgdc2_sigma(lipschitz: float, n_iter: int, n: int, epsilon: float, delta: float) -> float:
-    """DPGDC2 (Xue et al. 2021, Alg. 2): ``σ = 4G√(1.25·T·ln(1/δ))/(nε)`` per iteration."""
+    """DPGDC2 (Xue et al. 2021, Alg. 2): ``σ = 4G√(1.25·T·ln(1/δ))/(nε)`` per iteration.
+
+    Examples
+    --------
+    >>> round(dpgdc2_sigma(4.0, 100, 256, 1.0, 1 / 256), 4)
+    1.6455
+
+    """
     return 4.0 * lipschitz * math.sqrt(1.25 * n_iter * math.log(1.0 / delta)) / (n * epsilon)
 
 
 def gradperturb_sigma(lipschitz: float, n_iter: int, n: int, epsilon: float, delta: float) -> float:
-    """Gradient perturbation (Kang et al., Alg. 1, Thm. 1): ``σ = 8G√(T ln(1/δ))/(nε)``."""
+    """Gradient perturbation (Kang et al., Alg. 1, Thm. 1): ``σ = 8G√(T ln(1/δ))/(nε)``.
+
+    Examples
+    --------
+    >>> round(gradperturb_sigma(4.0, 4, 256, 1.0, 1 / 256), 4)
+    0.5887
+
+    """
     return 8.0 * lipschitz * math.sqrt(n_iter * math.log(1.0 / delta)) / (n * epsilon)
 
 
@@ -255,6 +308,12 @@ def pairwise_sgd_sigma(
 
     ``Δ_T`` is :func:`pairwise_sgd_sensitivity`; for ``T ≥ n`` this is
     ``σ² = e·(8η²G² ln(2.5/δ)/ε²)(T + 3T² ln²(eT) ln²(2/δ)/n²)`` — eq. (5) times e.
+
+    Examples
+    --------
+    >>> round(pairwise_sgd_sigma(2.0, 0.01, 100, 100, 1.0, 1e-3), 3)
+    19.427
+
     """
     delta_t = pairwise_sgd_sensitivity(lipschitz, eta, n_iter, n, delta)
     return math.sqrt(2.0 * math.log(2.5 / delta)) * delta_t / epsilon
