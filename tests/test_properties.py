@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from connectors.schema import REASONS, InputRecord, RecordError, parse_record
@@ -148,12 +148,14 @@ def test_learn_one_rejects_without_a_trace_or_accepts_and_clips(name, task, x, y
     try:
         _learn(model, x, y)
     except InvalidRecord as exc:
+        event(f"rejected: {exc.reason}")
         assert isinstance(exc, ValueError) and exc.reason
         assert _snapshot(model) == before, f"state changed by a rejected record ({exc.reason})"
         if ledger is not None:
             after = model.accountant.to_dict()
             assert pickle.dumps(after) == pickle.dumps(ledger)
         return
+    event("accepted")
     _check_accepted(model, before_t, y)
 
 
@@ -226,6 +228,8 @@ bad_matrices = st.one_of(
     st.lists(st.lists(values, min_size=2, max_size=2), min_size=1, max_size=3),
     junk,
 )
+good_matrices = st.lists(st.lists(finite_floats, min_size=2, max_size=2), min_size=6, max_size=6)
+good_labels = st.sampled_from([np.array([1, 0, 1, 0, 1, 0]), np.array(list("abcabc"))])
 bad_labels = st.one_of(
     st.lists(labels, max_size=6),
     st.lists(any_float, max_size=6).map(np.array),
@@ -261,10 +265,9 @@ OFFLINE_PATHS = [(n, t) for n in sorted(OFFLINE) for t in ("auc", "metric")]
 @PROPERTY
 @given(
     path=st.sampled_from(OFFLINE_PATHS),
-    X=bad_matrices | st.lists(st.lists(finite_floats, min_size=2, max_size=2), min_size=6,
-                              max_size=6).map(np.array),
-    y=bad_labels,
-)  # fmt: skip
+    X=st.booleans().flatmap(lambda good: good_matrices if good else bad_matrices),
+    y=st.booleans().flatmap(lambda good: good_labels if good else bad_labels),
+)
 def test_offline_fit_rejects_bad_data_with_a_value_error(path, X, y):
     """``fit`` on bad X/y raises a ValueError (never another exception) and a rejected fit
     leaves a fitted model's release and ledger bit-identical."""
@@ -278,9 +281,11 @@ def test_offline_fit_rejects_bad_data_with_a_value_error(path, X, y):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             model.fit(X, y)
-    except ValueError:
+    except ValueError as exc:
+        event(f"rejected: {type(exc).__name__}: {str(exc)[:30]}")
         assert pickle.dumps(model) == before
         return
+    event("accepted")
     # Accepted: the data was valid. The release lies in C and the ledger is within budget.
     w = model.private_weights
     assert w is not None and np.isfinite(w).all()
@@ -320,6 +325,8 @@ record_like = st.fixed_dictionaries(
               "y": labels | json_values, "key": json_values, "ts": json_values | st.text()},
 )  # fmt: skip
 
+valid_like = st.fixed_dictionaries({"x": valid_dicts, "y": labels})
+
 
 def _check_record(rec: InputRecord) -> None:
     xs = rec.x.values() if isinstance(rec.x, dict) else rec.x
@@ -329,15 +336,25 @@ def _check_record(rec: InputRecord) -> None:
 
 
 @PROPERTY
-@given(raw=st.one_of(record_like, json_values, st.binary(max_size=40), st.text(max_size=40),
-                     record_like.map(lambda d: json.dumps(d, default=str)),
-                     record_like.map(lambda d: json.dumps(d, default=str).encode())))  # fmt: skip
+@given(
+    raw=st.one_of(
+        record_like,
+        json_values,
+        valid_like,
+        st.binary(max_size=40),
+        st.text(max_size=40),
+        record_like.map(lambda d: json.dumps(d, default=str)),
+        record_like.map(lambda d: json.dumps(d, default=str).encode()),
+    )
+)
 def test_parse_record_returns_a_valid_record_or_a_record_error(raw):
     try:
         rec = parse_record(raw)
     except RecordError as exc:
+        event(f"rejected: {exc.reason}")
         assert isinstance(exc, ValueError) and exc.reason in REASONS
         return
+    event("accepted")
     _check_record(rec)
 
 
