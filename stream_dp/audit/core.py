@@ -446,6 +446,7 @@ class AuditResult:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["violated"] = self.violated
+        d["claim_is_meaningful"] = self.claim_is_meaningful
         d["fpr"] = self.false_positives / self.evaluation_trials
         d["fnr"] = self.false_negatives / self.evaluation_trials
         return d
