@@ -57,11 +57,40 @@ class Buffer:
     def member_ids(self) -> np.ndarray:
         return self.ids[: self.n] if self.ids is not None else np.zeros(0, dtype=np.int64)
 
+    def plan_writes(
+        self, t0: int, m: int, noise: KeyedNoise | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where records ``t0 + 1 … t0 + m`` will be written, without writing them.
+
+        Returns ``(off, slots, nb)``: record ``t0 + 1 + j`` goes to ``slots[off[j]:off[j+1]]``,
+        and ``nb[j]`` is the number of members before it arrives (``nb[m]`` after the last).
+        A pure function of the indices and the keyed coins — never of record values. Storage
+        is grown here if needed (``all``); membership changes only through :meth:`add` or the
+        kernels' writes followed by :meth:`advance`. For ``m == 1`` FIFO and ``all`` buffers
+        return the same three small arrays every time (no allocation on the per-record path):
+        use them before the next call.
+        """
+        raise NotImplementedError  # pragma: no cover
+
+    def _single(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        one = self.__dict__.get("_one")
+        if one is None:
+            one = (np.array([0, 1], dtype=np.int64), np.zeros(1, np.int64), np.zeros(2, np.int64))
+            self._one = one
+        return one
+
+    def advance(self, k: int) -> None:
+        """Account for ``k`` records written as :meth:`plan_writes` planned (size, ring head)."""
+        raise NotImplementedError  # pragma: no cover
+
     def add(
         self, x: np.ndarray, y: float, step: int, noise: KeyedNoise | None = None
     ) -> list[tuple[int, int]]:
         """Offer record ``step``; returns the ``(slot, previous id)`` pairs it was written to."""
-        raise NotImplementedError  # pragma: no cover
+        _, slots, _ = self.plan_writes(step - 1, 1, noise)
+        written = [self._write(int(s), x, y, step) for s in slots]
+        self.advance(1)
+        return written
 
     def _write(self, slot: int, x: np.ndarray, y: float, step: int) -> tuple[int, int]:
         old = int(self.ids[slot])
@@ -133,13 +162,29 @@ class AllBuffer(Buffer):
         self.dim = dim
         self._alloc(64, dim)
 
-    def add(self, x, y, step, noise=None):
-        if self.n == len(self.Y):
+    def plan_writes(self, t0, m, noise=None):
+        if m == 1 and self.n < len(self.Y):
+            off, slots, nb = self._single()
+            slots[0] = nb[0] = self.n
+            nb[1] = self.n + 1
+            return off, slots, nb
+        need = self.n + m
+        if need > len(self.Y):  # double, as one append at a time would
+            cap = len(self.Y)
+            while cap < need:
+                cap *= 2
             X, Y, ids = self.X, self.Y, self.ids
-            self._alloc(2 * len(Y), self.dim)
-            self.X[: self.n], self.Y[: self.n], self.ids[: self.n] = X, Y, ids
-        written = self._write(self.n, x, y, step)
-        self.n += 1
+            self._alloc(cap, self.dim)
+            self.X[: self.n], self.Y[: self.n], self.ids[: self.n] = (
+                X[: self.n],
+                Y[: self.n],
+                ids[: self.n],
+            )
+        rows = np.arange(self.n, need + 1, dtype=np.int64)
+        return np.arange(m + 1, dtype=np.int64), rows[:m], rows
+
+    def advance(self, k):
+        self.n += k
         if self.n > self.warn_above and not self._warned:
             self._warned = True
             warnings.warn(
@@ -147,9 +192,8 @@ class AllBuffer(Buffer):
                 "grows with the stream (O(n·d) memory, O(n·d) per step); use a FIFO or "
                 "reservoir buffer for unbounded streams",
                 ResourceWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-        return [written]
 
     def _params(self) -> dict:
         return {}
@@ -171,11 +215,19 @@ class FIFOBuffer(Buffer):
     def capacity(self) -> int:
         return self.size
 
-    def add(self, x, y, step, noise=None):
-        written = self._write(self._next, x, y, step)
-        self._next = (self._next + 1) % self.size
-        self.n = min(self.n + 1, self.size)
-        return [written]
+    def plan_writes(self, t0, m, noise=None):
+        if m == 1:
+            off, slots, nb = self._single()
+            slots[0] = self._next
+            nb[0] = self.n
+            nb[1] = min(self.n + 1, self.size)
+            return off, slots, nb
+        j = np.arange(m + 1, dtype=np.int64)
+        return j, (self._next + j[:m]) % self.size, np.minimum(self.n + j, self.size)
+
+    def advance(self, k):
+        self._next = (self._next + k) % self.size
+        self.n = min(self.n + k, self.size)
 
     def _params(self) -> dict:
         return {"size": self.size}
@@ -209,17 +261,27 @@ class ReservoirBuffer(Buffer):
     def capacity(self) -> int:
         return self.size
 
-    def add(self, x, y, step, noise=None):
+    def plan_writes(self, t0, m, noise=None):
         if noise is None:
             raise ValueError("a reservoir buffer needs the learner's keyed noise for its coins")
-        if self.n == 0:
-            slots = np.arange(self.size)  # the first record fills every slot (probability 1/1)
-        else:
-            coins = noise.generator(step, "buffer").random(self.size)
-            slots = np.flatnonzero(coins < 1.0 / step)
-        written = [self._write(int(s), x, y, step) for s in slots]
-        self.n = self.size
-        return written
+        parts, off, n = [], [0], self.n
+        for step in range(t0 + 1, t0 + m + 1):
+            if n == 0:
+                slots = np.arange(self.size)  # the first record fills every slot (prob. 1/1)
+            else:
+                coins = noise.generator(step, "buffer").random(self.size)
+                slots = np.flatnonzero(coins < 1.0 / step)
+            parts.append(slots)
+            off.append(off[-1] + len(slots))
+            n = self.size
+        nb = np.full(m + 1, self.size, dtype=np.int64)
+        nb[0] = self.n
+        slots = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        return np.array(off, dtype=np.int64), slots, nb
+
+    def advance(self, k):
+        if k > 0:
+            self.n = self.size
 
     def _params(self) -> dict:
         return {"size": self.size}

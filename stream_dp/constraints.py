@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from stream_dp._kernels import project_l2, project_psd_frobenius
+
 __all__ = ["ConstraintSet", "L2Ball", "PSDFrobeniusBall", "PSDNuclearBall", "project_simplex_leq"]
 
 
@@ -65,10 +67,9 @@ class L2Ball(ConstraintSet):
         self.radius = float(radius)
 
     def project(self, w: np.ndarray) -> np.ndarray:
-        norm = float(np.linalg.norm(w))
-        if norm <= self.radius:
-            return w
-        return w * (self.radius / norm)
+        out = np.array(w, dtype=float)  # a copy; the kernel projects in place
+        project_l2(out.reshape(-1), self.radius)
+        return out
 
     def contains(self, w: np.ndarray, tol: float = 1e-9) -> bool:
         return float(np.linalg.norm(w)) <= self.radius * (1 + tol)
@@ -113,18 +114,16 @@ class PSDFrobeniusBall(ConstraintSet):
             raise ValueError(f"radius must be a positive finite number, got {radius!r}")
         self.radius = float(radius)
 
-    def _eig_project(self, lam: np.ndarray) -> np.ndarray:
-        lam = np.maximum(lam, 0.0)
-        norm = float(np.linalg.norm(lam))
-        if norm > self.radius:
-            lam = lam * (self.radius / norm)
-        return lam
-
     def project(self, W: np.ndarray) -> np.ndarray:
-        S = _sym(W)
-        lam, V = np.linalg.eigh(S)
-        lam = self._eig_project(lam)
-        return _sym((V * lam) @ V.T)
+        """Symmetrise, then: positive definite (a Cholesky test) → only the ball applies (a
+        scaling, no eigendecomposition); otherwise clip the eigenvalues at 0 and scale them into
+        the ball (:func:`stream_dp._kernels.project_psd_frobenius`, shared with the learners)."""
+        d = W.shape[0]
+        if W.ndim != 2 or W.shape[1] != d:
+            raise ValueError(f"expected a square matrix, got shape {W.shape}")
+        out = np.array(W, dtype=float)
+        project_psd_frobenius(out.reshape(-1), d, self.radius, np.empty(d), np.empty((d, d)))
+        return out
 
     def contains(self, W: np.ndarray, tol: float = 1e-9) -> bool:
         if not np.allclose(W, W.T, atol=tol * max(1.0, self.radius)):

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["FeatureSchema", "InvalidRecord", "clip_norm", "auc_label", "LabelCodes"]
+__all__ = ["FeatureSchema", "InvalidRecord", "clip_norm", "clip_rows", "auc_label", "LabelCodes"]
 
 
 class InvalidRecord(ValueError):
@@ -53,6 +54,7 @@ class FeatureSchema:
     def __init__(self, names: Sequence[Hashable] | None = None) -> None:
         self.names: tuple | None = None
         self._index: dict = {}
+        self._getter: operator.itemgetter | None = None
         if names is not None:
             self._set(tuple(names))
 
@@ -63,6 +65,7 @@ class FeatureSchema:
             raise ValueError("feature names must be unique")
         self.names = names
         self._index = {n: i for i, n in enumerate(names)}
+        self._getter = operator.itemgetter(*names)
 
     @property
     def dim(self) -> int | None:
@@ -108,6 +111,9 @@ class FeatureSchema:
         )
 
     def _dict_to_array(self, x: Mapping, learning: bool) -> np.ndarray:
+        fast = self._fast_dict(x)
+        if fast is not None:
+            return fast
         for k, v in x.items():
             if not _is_number(v):
                 raise InvalidRecord(
@@ -138,12 +144,52 @@ class FeatureSchema:
             out[i] = v
         return out
 
+    def to_clipped(self, x, radius: float, *, learning: bool) -> np.ndarray:
+        """``clip_norm(self.to_array(x, learning=learning), radius)``, faster for plain dicts.
+
+        The fast path computes ‖x‖² once, both to detect a non-finite value (the general path
+        then raises as :meth:`to_array` does) and to clip.
+        """
+        if isinstance(x, dict):
+            arr = self._fast_dict(x, check_finite=False)
+            if arr is not None:
+                sq = np.vdot(arr, arr)
+                if math.isfinite(sq):
+                    return clip_norm(arr, radius, sq)
+        return clip_norm(self.to_array(x, learning=learning), radius)
+
+    def _fast_dict(self, x: Mapping, check_finite: bool = True) -> np.ndarray | None:
+        """The common case in ~2 µs: exactly the schema's keys, plain finite numbers.
+
+        Returns None (the general path then decides, and raises for bad input) unless ``x`` has
+        exactly the schema's keys and NumPy reads the values as floats or ints (so no strings,
+        None, complex or objects; bools make NumPy choose ``bool`` or ``object`` unless mixed
+        with floats, and are then numbers for both paths) that are all finite.
+        """
+        names = self.names
+        if names is None or len(x) != len(names):
+            return None
+        try:
+            vals = self._getter(x)
+            arr = np.array(vals if len(names) > 1 else (vals,))
+        except (KeyError, TypeError, ValueError, OverflowError):
+            return None
+        if arr.dtype != np.float64:
+            if arr.dtype.kind != "i":
+                return None
+            arr = arr.astype(float)
+        if arr.ndim != 1 or (check_finite and not np.isfinite(arr).all()):
+            return None
+        return arr
+
     def to_dict(self, v: np.ndarray) -> dict:
         return dict(zip(self.names or (), (float(a) for a in v), strict=True))
 
 
-def clip_norm(x: np.ndarray, radius: float) -> np.ndarray:
+def clip_norm(x: np.ndarray, radius: float, sq: float | None = None) -> np.ndarray:
     """``x · min(1, R/‖x‖₂)`` — part of the privacy proof, not a preprocessing nicety.
+
+    ``sq`` is ``np.vdot(x, x)`` when the caller already has it.
 
     Examples
     --------
@@ -152,7 +198,7 @@ def clip_norm(x: np.ndarray, radius: float) -> np.ndarray:
 
     """
     # vdot: the same sum as ``x @ x``, without a warning when ‖x‖² overflows.
-    norm = math.sqrt(np.vdot(x, x))
+    norm = math.sqrt(np.vdot(x, x) if sq is None else sq)
     if norm > radius:
         if math.isinf(norm):
             return _clip_huge(x, radius)
@@ -168,6 +214,31 @@ def _clip_huge(x: np.ndarray, radius: float) -> np.ndarray:
     if scale * unit_norm <= radius:  # only for radii beyond 1.3e154
         return x
     return u * (radius / unit_norm)
+
+
+def clip_rows(X: np.ndarray, radius: float) -> np.ndarray:
+    """:func:`clip_norm` applied to every row of a 2-D array (a new C-contiguous array).
+
+    Row by row with the same arithmetic as :func:`clip_norm`, so a batch is clipped bit for bit
+    as its records would be one at a time.
+
+    Examples
+    --------
+    >>> clip_rows(np.array([[3.0, 4.0], [0.3, 0.4]]), 1.0)
+    array([[0.6, 0.8],
+           [0.3, 0.4]])
+
+    """
+    out = np.array(X, dtype=float, order="C")
+    for i in range(out.shape[0]):
+        row = out[i]
+        norm = math.sqrt(np.vdot(row, row))
+        if norm > radius:
+            if math.isinf(norm):
+                row[:] = _clip_huge(row, radius)
+            else:
+                row *= radius / norm
+    return out
 
 
 def auc_label(y: object) -> float:
@@ -186,9 +257,7 @@ def auc_label(y: object) -> float:
             return 1.0
         if y == 0 or y == -1:
             return -1.0
-    raise InvalidRecord(
-        "bad_label", f"an AUC label must be True/False, 1/0 or +1/-1, got {y!r}"
-    )
+    raise InvalidRecord("bad_label", f"an AUC label must be True/False, 1/0 or +1/-1, got {y!r}")
 
 
 class LabelCodes:

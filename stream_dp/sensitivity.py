@@ -27,12 +27,11 @@ import math
 
 import numpy as np
 
+from stream_dp._kernels import cert_admit, cert_step, contraction
+
 __all__ = ["CertifiedSensitivity", "contraction", "huai_sensitivity"]
 
-
-def contraction(eta: float, alpha: float, smoothness: float) -> float:
-    """``q = max(|1 − ηα|, |1 − ηL|)``: the Lipschitz constant of ``w ↦ w − η∇f(w)``."""
-    return max(abs(1.0 - eta * alpha), abs(1.0 - eta * smoothness))
+_NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 def huai_sensitivity(lipschitz: float, alpha: float, t: int) -> float:
@@ -40,8 +39,23 @@ def huai_sensitivity(lipschitz: float, alpha: float, t: int) -> float:
     return 8.0 * lipschitz / (alpha * t)
 
 
+def _state_property(index: int, doc: str) -> property:
+    def get(self) -> float:
+        return float(self._st[index])
+
+    def set_(self, value: float) -> None:
+        self._st[index] = value
+
+    return property(get, set_, doc=doc)
+
+
 class CertifiedSensitivity:
     """Tracks the certified bound of SPEC §4 alongside a learner's buffer.
+
+    The recurrence itself lives in :func:`stream_dp._kernels.cert_step` and
+    :func:`~stream_dp._kernels.cert_admit`, which the learners' batched plan
+    (:func:`~stream_dp._kernels.plan_chunk`) runs too: this class holds the state (four numbers
+    and the per-slot bounds) and gives it a per-step interface.
 
     Parameters
     ----------
@@ -79,10 +93,19 @@ class CertifiedSensitivity:
         self.diameter = float(diameter)
         self.shared = bool(shared_members)
         self.slot_bound = np.zeros(0)
-        self.member_max = 0.0  # used when shared
-        self.outside = 0.0
-        self.new_bound = 0.0
-        self.current = 0.0
+        # [member_max (used when shared), outside, new_bound, current]
+        self._st = np.zeros(4)
+        self._consts = np.array([self.G, self.alpha, self.L, self.diameter])
+
+    member_max = _state_property(0, "Bound of every member of a shared (``all``) buffer.")
+    outside = _state_property(1, "Largest bound of a record that has left the buffer.")
+    new_bound = _state_property(2, "Bound of the newest record (not yet in the buffer).")
+    current = _state_property(3, "Δ_t: the bound of the latest iterate.")
+
+    @property
+    def constants(self) -> np.ndarray:
+        """``(G, α, L, diam)`` as the kernels take them."""
+        return self._consts
 
     def _ensure(self, n_slots: int) -> None:
         if len(self.slot_bound) < n_slots:
@@ -97,31 +120,15 @@ class CertifiedSensitivity:
         can fill several slots. Returns the bound for the iterate after this step, counting the
         new record as a member of nothing yet (call :meth:`admit` next).
         """
-        if n_partners == 0:
-            self.new_bound = 0.0  # no pair, no gradient: the new record has not moved w
-            self.current = max(self.member_max if self.shared else self._slot_max(0), 0.0)
-            self.current = max(self.current, self.outside)
-            return self.current
-        q = contraction(eta, self.alpha, self.L)
-        e = 2.0 * self.G * eta / n_partners
-        d = self.diameter
-        self.outside = min(d, q * self.outside)
-        if self.shared:
-            self.member_max = min(d, q * self.member_max + e)
-            members = self.member_max
-        else:
+        if not self.shared:
             self._ensure(n_partners)
-            b = self.slot_bound[:n_partners]
-            if member_ids is None:
-                np.minimum(d, q * b + e, out=b)
-            else:
-                # A record in m slots contributes m partner terms; its slots share one bound.
-                _, inverse, counts = np.unique(member_ids, return_inverse=True, return_counts=True)
-                np.minimum(d, q * b + e * counts[inverse], out=b)
-            members = float(b.max())
-        self.new_bound = min(d, 2.0 * self.G * eta)
-        self.current = max(members, self.outside, self.new_bound)
-        return self.current
+        ids = _NO_IDS if member_ids is None else np.asarray(member_ids, dtype=np.int64)
+        return float(
+            cert_step(
+                self._st, self.slot_bound, self.shared, member_ids is None, self.G, self.alpha,
+                self.L, self.diameter, float(eta), int(n_partners), ids,
+            )
+        )  # fmt: skip
 
     def _slot_max(self, n: int) -> float:
         return float(self.slot_bound[:n].max()) if n else 0.0
@@ -130,17 +137,14 @@ class CertifiedSensitivity:
         self, written: list[tuple[int, int]], new_id: int, member_ids: np.ndarray | None = None
     ) -> None:
         """Record where the buffer put the new record (``(slot, previous id)`` pairs)."""
-        if self.shared:
-            self.member_max = max(self.member_max, self.new_bound)
-            return
-        if not written:
-            self.outside = max(self.outside, self.new_bound)
-            return
-        self._ensure(max(s for s, _ in written) + 1)
-        for slot, old in written:
-            if old >= 0 and (member_ids is None or not np.any(member_ids == old)):
-                self.outside = max(self.outside, float(self.slot_bound[slot]))
-            self.slot_bound[slot] = self.new_bound
+        slots = np.array([s for s, _ in written], dtype=np.int64)
+        olds = np.array([o for _, o in written], dtype=np.int64)
+        if len(slots) and not self.shared:
+            self._ensure(int(slots.max()) + 1)
+        ids = _NO_IDS if member_ids is None else np.asarray(member_ids, dtype=np.int64)
+        cert_admit(
+            self._st, self.slot_bound, self.shared, member_ids is None, slots, olds, ids, len(ids)
+        )
 
     def state_dict(self) -> dict:
         return {
@@ -153,10 +157,9 @@ class CertifiedSensitivity:
 
     def load_state_dict(self, s: dict) -> None:
         self.slot_bound = np.asarray(s["slot_bound"], dtype=float).copy()
-        self.member_max = float(s["member_max"])
-        self.outside = float(s["outside"])
-        self.new_bound = float(s["new_bound"])
-        self.current = float(s["current"])
+        self._st = np.array(
+            [s["member_max"], s["outside"], s["new_bound"], s["current"]], dtype=float
+        )
 
 
 def _check_finite(*values: float) -> None:

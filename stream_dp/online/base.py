@@ -12,7 +12,6 @@ Task-specific prediction (AUC scores, metric transforms) lives in
 
 from __future__ import annotations
 
-import collections
 import copy
 import math
 import warnings
@@ -20,15 +19,36 @@ import warnings
 import numpy as np
 from river import base
 
+from stream_dp import _kernels
+from stream_dp._kernels import (
+    LEARN,
+    RELEASE,
+    huai_step_size,
+    is_release_step,
+    window_mean,
+)
 from stream_dp.buffers import Buffer, make_buffer
 from stream_dp.constraints import ConstraintSet, L2Ball, PSDFrobeniusBall
-from stream_dp.losses import LossConstants, PairwiseLoss, Regularized, get_loss
+from stream_dp.losses import (
+    LogisticAUCLoss,
+    LogisticMetricLoss,
+    LossConstants,
+    PairwiseLoss,
+    Regularized,
+    get_loss,
+)
 from stream_dp.privacy.accountant import BudgetExhausted, ZCDPAccountant
 from stream_dp.privacy.events import GaussianEvent
 from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.privacy.schedules import AnytimeSchedule, HorizonSchedule, Schedule
-from stream_dp.records import FeatureSchema, InvalidRecord, LabelCodes, auc_label, clip_norm
+from stream_dp.records import (
+    FeatureSchema,
+    InvalidRecord,
+    LabelCodes,
+    auc_label,
+    clip_rows,
+)
 from stream_dp.regret import RegretTracker
 from stream_dp.sensitivity import CertifiedSensitivity, huai_sensitivity
 
@@ -42,23 +62,37 @@ def huai_warmup(smoothness: float, alpha: float) -> int:
     return max(math.ceil(16.0 * smoothness / alpha**2), 7)
 
 
-def huai_step_size(t: int, alpha: float) -> float:
-    """Huai et al. (2020) Alg. 1: ``η_t = 2(t − 1) / (α t (t − 2))`` for t ≥ 3.
-
-    The formula is infinite at t = 2 and negative at t = 1; those steps (reachable only by
-    PairwiseGIGA, which has no warm-up, or a user warm-up below 2) use ``1/α``.
-    """
-    if t <= 2:
-        return 1.0 / alpha
-    return 2.0 * (t - 1) / (alpha * t * (t - 2))
-
-
 def _constraint_for(task: str, radius: float) -> ConstraintSet:
     return L2Ball(radius) if task == "auc" else PSDFrobeniusBall(radius)
 
 
+def _kernel_task(loss: PairwiseLoss) -> int:
+    """0 for the regularised logistic AUC loss, 1 for the logistic metric loss (SPEC §2)."""
+    base_loss = getattr(loss, "base", None)
+    if isinstance(loss, Regularized) and type(base_loss) is LogisticAUCLoss:
+        return 0
+    if isinstance(loss, Regularized) and type(base_loss) is LogisticMetricLoss:
+        return 1
+    raise NotImplementedError(
+        f"the online learners run the regularised logistic losses of SPEC §2, not {loss!r}"
+    )
+
+
+_ONE = (0,)
+_NONE = ()
+
+
+def _is_frame(X) -> bool:
+    return hasattr(X, "columns") and hasattr(X, "to_numpy") and hasattr(X, "iloc")
+
+
 class PairwiseOnlineBase(base.Estimator):
-    """Shared state and the projected gradient step (no privacy here)."""
+    """Shared state and the step machinery (no privacy here).
+
+    Every record goes through :meth:`_learn_validated`, one or many rows at a time; the numeric
+    work of a run of steps is :func:`stream_dp._kernels.run_chunk` (compiled when numba is
+    installed, the same NumPy code otherwise).
+    """
 
     _private = False
 
@@ -102,6 +136,7 @@ class PairwiseOnlineBase(base.Estimator):
         self._noise = KeyedNoise(seed, model_id)
         self._t = 0
         self._w: np.ndarray | None = None
+        self._win: np.ndarray | None = None  # ring of the last releases (kernel state)
         self.regret = RegretTracker(keep_history=keep_history)
         self.n_rejected = 0
 
@@ -124,29 +159,66 @@ class PairwiseOnlineBase(base.Estimator):
     def _constraint_radius_term(self) -> float:
         return float(self.model_radius)
 
+    def _ring_size(self) -> int:
+        return 1
+
     # -- input --------------------------------------------------------------------------------
     def _validate(self, x, y) -> tuple[np.ndarray, float]:
         """Validate and clip one record without changing any state (or raise InvalidRecord)."""
         schema = self._schema
         fresh = not schema.frozen
         try:
-            xv = schema.to_array(x, learning=True)
+            xv = schema.to_clipped(x, float(self.data_radius), learning=True)
             yv = auc_label(y) if self.task == "auc" else self._labels.encode(y, register=False)
         except InvalidRecord:
             if fresh:
                 schema.__init__(self.features)  # undo a schema taken from a rejected record
             raise
-        return clip_norm(xv, float(self.data_radius)), yv
+        return xv, yv
 
     def _commit_label(self, y) -> None:
         if self.task == "metric":
             self._labels.encode(y)
+
+    def _commit_labels(self, labels) -> None:
+        if self.task == "metric":
+            for y in labels:
+                self._labels.encode(y)
 
     def _ensure_bound(self) -> None:
         if self._w is None:
             d = self._schema.dim
             self._buffer.bind(d)
             self._w = np.zeros(self._loss.param_shape(d))
+            self._bind_state()
+
+    def _bind_state(self) -> None:
+        """Allocate the kernels' state once d is known (also after ``load_state_dict``)."""
+        d = self._schema.dim
+        p = self._w.size
+        self._task_code = _kernel_task(self._loss)
+        self._lam = np.zeros(d)  # eigenpairs of the latest metric release (see interfaces)
+        self._V = np.zeros((d, d))
+        self._no_rows = np.zeros((0, p))
+        self._zero_center = np.zeros(p)
+        self._win = np.zeros((self._ring_size(), p))
+        self._ip = np.zeros(_kernels.IP_SIZE, dtype=np.int64)
+        self._fp = np.array([float(self._loss.alpha), float(self.model_radius)])
+        # Scratch of the one-record path (learn_one): no allocation per record.
+        self._one_Y = np.zeros(1)
+        self._one_mode = np.zeros(1, dtype=np.int64)
+        self._one_eta = np.zeros(1)
+        self._one_bound = np.zeros(1)
+        self._one_pen = np.zeros(1)
+        self._one_penok = np.zeros(1, dtype=np.int64)
+        self._set_flags()
+
+    def _set_flags(self) -> None:
+        """Copy the parameters the data kernel reads into its integer state."""
+        ip = self._ip
+        ip[_kernels.IP_TRACK] = int(bool(self.track_regret))
+        ip[_kernels.IP_GIGA] = int(not self._private)
+        ip[_kernels.IP_SMOOTHED] = int(self._private and self.predict_with == "smoothed")
 
     @property
     def step(self) -> int:
@@ -161,29 +233,143 @@ class PairwiseOnlineBase(base.Estimator):
         """A record as the model sees it at prediction time (schema order, clipped)."""
         if not self._schema.frozen:
             return None
-        v = self._schema.to_array(x, learning=False)
-        return clip_norm(v, float(self.data_radius))
+        return self._schema.to_clipped(x, float(self.data_radius), learning=False)
 
-    def _gradient_step(self, t: int, w: np.ndarray, xv: np.ndarray, yv: float) -> np.ndarray:
-        X, Y = self._buffer.view()
-        if len(Y) == 0:
-            return w
-        eta = self._eta(t)
-        g = self._loss.gradient(w, xv, yv, X, Y)
-        return self._constraint.project(w - eta * g)
+    def _model_inputs(self, X) -> np.ndarray | None:
+        """Rows of a 2-D array or a DataFrame as the model sees them (schema order, clipped).
+
+        As :meth:`_model_input` row by row: unknown columns are ignored, missing ones are 0,
+        non-finite values raise :class:`InvalidRecord`.
+        """
+        if not self._schema.frozen:
+            return None
+        names = self._schema.names
+        if _is_frame(X):
+            A = np.zeros((len(X), len(names)))
+            index = {n: i for i, n in enumerate(names)}
+            for col in X.columns:
+                if col in index:
+                    A[:, index[col]] = X[col].to_numpy(dtype=float)
+        else:
+            A = np.asarray(X, dtype=float)
+            if A.ndim != 2 or A.shape[1] != len(names):
+                raise InvalidRecord("wrong_dimension", f"expected rows of {len(names)} features")
+        if not np.isfinite(A).all():
+            raise InvalidRecord("non_finite", "features must be finite (no NaN or inf)")
+        return clip_rows(A, float(self.data_radius))
+
+    # -- learning -----------------------------------------------------------------------------
+    def learn_many(self, X, y) -> None:
+        """Learn from a batch: exactly the effect of ``learn_one`` on each row, in order.
+
+        ``X`` is a 2-D array (rows in schema order; names ``x0 … x{d−1}`` if the schema is not
+        fixed yet) or a pandas DataFrame (columns are feature names); ``y`` the labels. The
+        iterates, releases, ledger, buffer, certified sensitivity and regret are those of
+        ``for x_i, y_i in zip(X, y): learn_one(x_i, y_i)`` — to ~1e-15, and bit for bit for
+        everything privacy-relevant — but the loop over records runs in the compiled kernel.
+        An invalid row is handled as ``learn_one`` would: the rows before it are learned, then
+        :class:`stream_dp.records.InvalidRecord` is raised and nothing after it is learned.
+        """
+        labels = list(y)
+        m = len(labels)
+        if len(X) != m:
+            raise ValueError(f"X has {len(X)} rows but y has {m} labels")
+        if m == 0:
+            return
+        record = (lambda i: X.iloc[i].to_dict()) if _is_frame(X) else (lambda i: X[i])
+        if not self._schema.frozen:  # the first record fixes the schema, as in learn_one
+            self.learn_one(record(0), labels[0])
+            self.learn_many(X.iloc[1:] if _is_frame(X) else X[1:], labels[1:])
+            return
+        A = self._batch_rows(X)
+        if A is None:  # unusual input (object columns, unknown features…): one at a time
+            for i in range(m):
+                self.learn_one(record(i), labels[i])
+            return
+        finite = np.isfinite(A).all(axis=1)
+        k = m if finite.all() else int(np.argmin(finite))
+        codes = np.empty(k)
+        if self.task == "auc":
+            code = auc_label
+        else:  # provisional codes, registered for real only as records are learned
+            scratch = LabelCodes()
+            scratch.codes = dict(self._labels.codes)
+            code = scratch.encode
+        for i in range(k):
+            try:
+                codes[i] = code(labels[i])
+            except InvalidRecord:
+                k = i
+                break
+        if k:
+            self._learn_validated(clip_rows(A[:k], float(self.data_radius)), codes[:k], labels[:k])
+        if k < m:
+            self.learn_one(record(k), labels[k])  # raises as learn_one does
+            self.learn_many(X.iloc[k + 1 :] if _is_frame(X) else X[k + 1 :], labels[k + 1 :])
+
+    def _batch_rows(self, X) -> np.ndarray | None:
+        """Raw feature rows in schema order, or None when only learn_one can judge them."""
+        names = self._schema.names
+        if _is_frame(X):
+            index = {n: i for i, n in enumerate(names)}
+            if any(c not in index for c in X.columns):
+                return None
+            if not all(np.issubdtype(t, np.number) or np.issubdtype(t, np.bool_) for t in X.dtypes):
+                return None
+            A = np.zeros((len(X), len(names)))
+            for col in X.columns:
+                A[:, index[col]] = X[col].to_numpy(dtype=float)
+            return A
+        A = np.asarray(X)
+        if A.ndim != 2 or A.shape[1] != len(names):
+            return None
+        if not (np.issubdtype(A.dtype, np.number) or A.dtype == bool):
+            return None
+        return A.astype(float)
+
+    def _learn_validated(self, X: np.ndarray, Y: np.ndarray, labels) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _run_data(self, X, Y, mode, eta, N, winit, off, slots, nb, t0: int) -> np.ndarray:
+        """Run :func:`stream_dp._kernels.run_chunk` on the learner's state; returns ``penok``."""
+        ip = self._ip
+        ip[_kernels.IP_T0] = t0
+        self._set_flags()
+        center = self._loss.center
+        center = self._zero_center if center is None else center.reshape(-1)
+        w = self._w.reshape(-1).copy()  # a new array: references to the previous _w stay valid
+        m = len(Y)
+        if m == 1:
+            pen, penok = self._one_pen, self._one_penok
+        else:
+            pen, penok = np.empty(m), np.zeros(m, dtype=np.int64)
+        buf = self._buffer
+        _kernels.backend().run_chunk(
+            self._task_code, self._schema.dim, X, Y, w, center, buf.X, buf.Y, buf.ids, off,
+            slots, nb, mode, eta, N, winit, self._win, ip, self._fp, pen, penok, self._lam,
+            self._V,
+        )  # fmt: skip
+        self._w = w.reshape(self._w.shape)
+        if self.track_regret:
+            if m == 1:
+                if penok[0]:
+                    self.regret.record(float(pen[0]))
+            else:
+                for j in np.flatnonzero(penok):
+                    self.regret.record(float(pen[j]))
+        return penok
+
+    def _eta_alpha(self) -> float:
+        """The α of Huai et al.'s step size (OnPairC: its α_)."""
+        return float(self.alpha)
 
     def _eta(self, t: int) -> float:
-        return huai_step_size(t, float(self.alpha))
+        return huai_step_size(t, self._eta_alpha())
 
-    def _track_penalty(self, t: int, xv: np.ndarray, yv: float) -> None:
-        if not self.track_regret:
-            return
-        served = self._served_weights() if t >= 2 else None
-        if served is not None:
-            X, Y = self._buffer.view()
-            self.regret.record(self._loss.value(served, xv, yv, X, Y))
-        # Remember every record (partners are named by arrival step), scored or not.
-        self.regret.remember(xv, yv, self._buffer.member_ids(), step=t, scored=served is not None)
+    def _remember(self, x: np.ndarray, y: float, ids_before: np.ndarray, t: int, scored) -> None:
+        """Regret history (``keep_history``): every record, with its partners before the step."""
+        if self.track_regret:
+            self.regret.remember(x, float(y), ids_before, step=t, scored=bool(scored))
 
     def _served_weights(self) -> np.ndarray | None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -276,22 +462,54 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         self._release: np.ndarray | None = None
         self._release_step = 0
         self._n_charged = 0
-        self._window: collections.deque = collections.deque(maxlen=int(smoothing_window))
         self._window_learned = False
+        self._smoothed: np.ndarray | None = None
+        self._factors_step = -1  # release step whose eigenpairs sit in _lam/_V (metric)
+        self._certain = 0  # how many next charges cannot be refused (see _charges_cannot_fail)
         self._exhausted = False
         self.last_sigma: float | None = None
         self.last_sensitivity: float | None = None
 
+    def _ring_size(self) -> int:
+        return int(self.smoothing_window)
+
     # -- plan ---------------------------------------------------------------------------------
     def _is_release_step(self, t: int) -> bool:
-        k = int(self.release_every)
-        if t <= self.T1:
-            return t % k == 0 or t == self.T1
-        return (t - self.T1) % k == 0 or (self.horizon is not None and t == int(self.horizon))
+        return is_release_step(t, self.T1, int(self.release_every), self._horizon_code())
+
+    def _horizon_code(self) -> int:
+        return -1 if self.horizon is None else int(self.horizon)
 
     def _paper_sensitivity(self, t: int) -> float:
         c = self.constants
         return huai_sensitivity(c.lipschitz, c.strong_convexity, t)
+
+    def _plan(
+        self, t0: int, off, slots, nb, m: int, refuse_last: bool = False, inplace: bool = False
+    ):
+        """:func:`stream_dp._kernels.plan_chunk` for steps ``t0 + 1 … t0 + m``.
+
+        Returns ``(mode, eta, bound, st, sb)``. On copies (the default) the caller adopts the
+        tracker state ``st``/``sb`` once the releases are charged; ``inplace`` when no charge
+        of these steps can be refused (see :meth:`_charges_cannot_fail`).
+        """
+        tracker, buf = self._tracker, self._buffer
+        if not tracker.shared and len(tracker.slot_bound) < (buf.capacity or 0):
+            tracker._ensure(buf.capacity)
+        if inplace:
+            st, sb, ids = tracker._st, tracker.slot_bound, buf.ids
+        else:
+            st, sb, ids = tracker._st.copy(), tracker.slot_bound.copy(), buf.ids.copy()
+        if m == 1:
+            mode, eta, bound = self._one_mode, self._one_eta, self._one_bound
+        else:
+            mode, eta, bound = np.empty(m, dtype=np.int64), np.empty(m), np.empty(m)
+        _kernels.backend().plan_chunk(
+            t0, self.T1, int(self.release_every), self._horizon_code(), self._eta_alpha(),
+            refuse_last, off, slots, nb, ids, st, sb, tracker.shared, buf.distinct,
+            tracker.constants, mode, eta, bound,
+        )  # fmt: skip
+        return mode, eta, bound, st, sb
 
     def noise_plan(self, steps: list[int] | None = None) -> list[dict]:
         """σ_t, ρ_t and the sensitivity of the first releases, computed without any data.
@@ -304,19 +522,28 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         sim._noise = self._noise  # the same keyed coins, so a reservoir is simulated exactly
         sim._schema = FeatureSchema(("f",))
         sim._ensure_bound()
-        last = max(steps) if steps else (
-            int(self.horizon) if self.horizon is not None else self.T1 + 10 * self.release_every
+        last = (
+            max(steps)
+            if steps
+            else (
+                int(self.horizon) if self.horizon is not None else self.T1 + 10 * self.release_every
+            )
         )
         wanted = set(steps) if steps else None
-        out = []
-        zero = np.zeros(1)
-        for t in range(sim._t + 1, last + 1):
-            info = sim._advance_privacy(t, zero, 0.0, dry_run=True)
-            if info is not None and (wanted is None or t in wanted):
+        out: list[dict] = []
+        if last < 1:
+            return out
+        off, slots, nb = sim._buffer.plan_writes(0, last, sim._noise)
+        mode, _, bound, _, _ = sim._plan(0, off, slots, nb, last)
+        for j in np.flatnonzero((mode & (LEARN | RELEASE)) == (LEARN | RELEASE)):
+            info = sim._charge(int(j) + 1, float(bound[j]), dry_run=True)
+            if info is None:
+                break
+            if wanted is None or int(j) + 1 in wanted:
                 out.append(info)
         return out
 
-    # -- one step -----------------------------------------------------------------------------
+    # -- steps --------------------------------------------------------------------------------
     def learn_one(self, x, y, **kwargs) -> None:
         """Learn from one record and (on a release step) publish a private model.
 
@@ -324,44 +551,185 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         must not be learned from; the learner's state and ledger are then left untouched.
         """
         xv, yv = self._validate(x, y)
-        if not self._exhausted and self.horizon is not None and self._t >= int(self.horizon):
-            self._become_exhausted(self._t + 1, f"the horizon n={self.horizon} is reached")
-        if self._exhausted:
-            self.n_rejected += 1
+        if (
+            self._win is not None
+            and not self._exhausted
+            and self._t >= self.T1
+            and (self.horizon is None or self._t < self.horizon)
+            and not (self.keep_history and self.track_regret)
+            and self._charges_cannot_fail(1)
+        ):
+            self._step_one(xv, yv, y)
             return
-        self._commit_label(y)
-        self._ensure_bound()
-        t = self._t + 1
-        self._track_penalty(t, xv, yv)
-        self._advance_privacy(t, xv, yv, dry_run=False)
+        self._learn_validated(xv[None, :], np.array([yv]), (y,))
 
-    def _advance_privacy(self, t: int, xv: np.ndarray, yv: float, dry_run: bool) -> dict | None:
-        info = None
-        if t <= self.T1:
-            # Alg. 1 steps 2–7: a data-independent random model; the record is only buffered.
-            self._w = self._constraint.sample(self._noise.generator(t, "init"), self._w.shape)
-            self._tracker.new_bound = 0.0
-            if self._is_release_step(t) and not dry_run:
-                self._publish(t, self._w, learned=False)
+    def _step_one(self, xv: np.ndarray, yv: float, label) -> None:
+        """One learning step whose release (if any) cannot be refused: :meth:`_chunk` for one
+        record without what only a batch or a refusal needs (the same plan, charge and data
+        kernels, the plan run in place, no temporary arrays)."""
+        t0, buf, tracker = self._t, self._buffer, self._tracker
+        off, slots, nb = buf.plan_writes(t0, 1, self._noise)
+        mode, eta, bound = self._one_mode, self._one_eta, self._one_bound
+        backend = _kernels.backend()
+        backend.plan_chunk(
+            t0, self.T1, int(self.release_every), self._horizon_code(), self._eta_alpha(),
+            False, off, slots, nb, buf.ids, tracker._st, tracker.slot_bound, tracker.shared,
+            buf.distinct, tracker._consts, mode, eta, bound,
+        )  # fmt: skip
+        N = self._no_rows
+        released = mode[0] & RELEASE
+        if released:
+            sigma = self._charge(t0 + 1, float(bound[0]))
+            N = self._noise.gaussian(t0 + 1, self._w.shape, sigma).reshape(1, -1)
+        Y = self._one_Y
+        Y[0] = yv
+        ip = self._ip
+        ip[_kernels.IP_T0] = t0
+        w = self._w.copy()  # a new array: references to the previous _w stay valid
+        center = self._loss.center
+        pen, penok = self._one_pen, self._one_penok
+        backend.run_chunk(
+            self._task_code, len(xv), xv.reshape(1, -1), Y, w.reshape(-1),
+            self._zero_center if center is None else center.reshape(-1), buf.X, buf.Y,
+            buf.ids, off, slots, nb, mode, eta, N, self._no_rows, self._win, ip, self._fp, pen,
+            penok, self._lam, self._V,
+        )  # fmt: skip
+        self._w = w
+        if penok[0] and self.track_regret:
+            self.regret.record(float(pen[0]))
+        buf.advance(1)
+        self._t = t0 + 1
+        if self.task == "metric":
+            self._labels.encode(label)
+        if released:
+            self._sync_release()
+
+    def _learn_validated(self, X: np.ndarray, Y: np.ndarray, labels) -> None:
+        """Learn validated, clipped rows ``X`` with label codes ``Y`` (``labels`` as given)."""
+        m, i = len(Y), 0
+        while i < m:
+            if not self._exhausted and self.horizon is not None and self._t >= int(self.horizon):
+                self._become_exhausted(self._t + 1, f"the horizon n={self.horizon} is reached")
+            if self._exhausted:
+                self.n_rejected += m - i
+                return
+            self._ensure_bound()
+            j = m if self.horizon is None else min(m, i + int(self.horizon) - self._t)
+            if self.track_regret and self.keep_history:
+                j = i + 1  # the history needs each step's partners
+            consumed, refused = self._chunk(X[i:j], Y[i:j], labels[i:j])
+            i += consumed + int(refused)
+
+    def _charges_cannot_fail(self, m: int) -> bool:
+        """True when none of the next m releases can be refused, whatever its sensitivity.
+
+        A release at the k-th share costs ``Δ²/(2σ²)`` with ``σ = Δ/√(2ρ_k)``: ρ_k up to
+        rounding (0 when Δ = 0); shares never increase, so ``j`` releases cost at most about
+        ``j·ρ_k``. With a factor 2 of slack, ``⌊remaining / (2ρ_k)⌋`` next charges are certain;
+        the count is kept in ``_certain`` and recomputed when it runs out. The ledger must also
+        be ours alone (no replayed or foreign steps), so that a charge can only fail for budget.
+        """
+        acc = self.accountant
+        if len(acc) != self._n_charged:
+            self._certain = 0
+            return False
+        if self._certain < m:
+            share = self._schedule.share(self._n_charged + 1)
+            if share <= 0.0:
+                return False
+            self._certain = int((acc.rho_budget - acc.rho_spent()) / (2.0 * acc.rho_budget * share))
+        return self._certain >= m
+
+    def _chunk(self, X: np.ndarray, Y: np.ndarray, labels) -> tuple[int, bool]:
+        """Steps ``t + 1 … t + m``: privacy plan, ledger charges, then the data kernel.
+
+        The plan (step sizes, certified bounds, buffer membership) needs no data, so every
+        release of the chunk is charged before the data kernel runs; the ledger ends up exactly
+        as step-by-step charging leaves it. If a charge is refused (budget exhausted) at step s,
+        the plan is redone for the steps before s plus step s's gradient step alone — what one
+        record at a time does: that record moves the iterate but is neither released nor
+        buffered. Returns ``(records consumed, whether a refused record was processed)``.
+        """
+        m = len(Y)
+        t0 = self._t
+        buf = self._buffer
+        off, slots, nb = buf.plan_writes(t0, m, self._noise)
+        inplace = self._charges_cannot_fail(m)
+        mode, eta, bound, st, sb = self._plan(t0, off, slots, nb, m, inplace=inplace)
+        if m == 1:
+            charged = _ONE if (mode[0] & (LEARN | RELEASE)) == (LEARN | RELEASE) else _NONE
         else:
-            X, Y = self._buffer.view()
-            ids = None if self._buffer.distinct else self._buffer.member_ids()
-            eta = self._eta(t)
-            if not dry_run:
-                self._w = self._gradient_step(t, self._w, xv, yv)
-            bound = self._tracker.step(eta, len(Y), ids)
-            if self._is_release_step(t):
-                info = self._charge_and_release(t, bound, dry_run)
-                if info is None:
-                    return None  # exhausted: the record is not consumed
-        written = self._buffer.add(xv, yv, t, self._noise)
-        self._tracker.admit(
-            written, t, None if self._buffer.distinct else self._buffer.member_ids()
-        )
-        self._t = t
-        return info
+            charged = np.flatnonzero((mode & (LEARN | RELEASE)) == (LEARN | RELEASE))
+        sigmas = []
+        stop = m
+        for j in charged:
+            sigma = self._charge(t0 + 1 + int(j), float(bound[j]))
+            if sigma is None:
+                stop = int(j)
+                break
+            sigmas.append(sigma)
+        refused = stop < m
+        if refused:  # replay the plan up to and including the refused step's gradient step
+            assert not inplace, "a charge refused although the budget was certain"
+            m = stop + 1
+            off = off[: m + 1].copy()
+            off[m] = off[stop]
+            nb = nb[: m + 1].copy()
+            nb[m] = nb[stop]
+            slots = slots[: off[m]]
+            mode, eta, bound, st, sb = self._plan(t0, off, slots, nb, m, refuse_last=True)
+            charged = charged[: len(sigmas)]
+        self._tracker._st, self._tracker.slot_bound = st, sb
 
-    def _charge_and_release(self, t: int, bound: float, dry_run: bool) -> dict | None:
+        p = self._w.size
+        winit = self._no_rows
+        if t0 < self.T1:  # Alg. 1 steps 2–7: a data-independent random model per warm-up step
+            winit = np.zeros((m, p))
+            for j in range(min(m, self.T1 - t0)):
+                gen = self._noise.generator(t0 + 1 + j, "init")
+                winit[j] = self._constraint.sample(gen, self._w.shape).reshape(-1)
+        N = self._no_rows
+        if m == 1:
+            if sigmas:
+                N = self._noise.gaussian(t0 + 1, (p,), sigmas[0])[None, :]
+        elif len(charged):
+            rows = self._noise.gaussian_rows(t0 + 1 + charged, p, np.array(sigmas))
+            N = rows if len(charged) == m else np.zeros((m, p))
+            if len(charged) < m:
+                N[charged] = rows
+        ids_before = buf.member_ids().copy() if self.keep_history and self.track_regret else None
+        if m < len(Y):
+            X, Y = X[:m], Y[:m]
+        penok = self._run_data(X, Y, mode, eta, N, winit, off, slots, nb, t0)
+        if ids_before is not None:
+            self._remember(X[0], Y[0], ids_before, t0 + 1, penok[0])
+        buf.advance(stop)
+        self._t = t0 + stop
+        if self.task == "metric":
+            self._commit_labels(labels[: stop + int(refused)])
+        self._sync_release()
+        return stop, refused
+
+    def _sync_release(self) -> None:
+        """Mirror the kernel's release ring into ``_release`` and friends after a chunk."""
+        ip = self._ip
+        step = int(ip[_kernels.IP_RELEASE_STEP])
+        if step == self._release_step and self._release is not None:
+            return
+        if ip[_kernels.IP_COUNT] == 0:
+            return
+        k = self._win.shape[0]
+        self._release = self._win[(ip[_kernels.IP_HEAD] - 1) % k].reshape(self._w.shape).copy()
+        self._release_step = step
+        self._window_learned = bool(ip[_kernels.IP_LEARNED])
+        self._smoothed = None
+        self._factors_step = step if ip[_kernels.IP_HAS_FACTORS] else -1
+
+    def _charge(self, t: int, bound: float, dry_run: bool = False):
+        """Charge the release of step t (σ from the schedule and the bound); None if refused.
+
+        Returns σ (or, with ``dry_run``, the plan entry without touching the ledger).
+        """
         share = self._schedule.share(self._n_charged + 1)
         sens = bound
         if self.sensitivity == "paper":
@@ -373,20 +741,18 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         rho = self.accountant.rho_budget * share
         sigma = gaussian_sigma_zcdp(sens, rho) if sens > 0 else 1e-300
         event = GaussianEvent(step=t, sensitivity=sens, sigma=sigma)
-        info = {"step": t, "sensitivity": sens, "sigma": sigma, "rho": event.rho}
         if dry_run:
             self._n_charged += 1
-            return info
+            return {"step": t, "sensitivity": sens, "sigma": sigma, "rho": event.rho}
         try:
             self.accountant.charge(event)
         except BudgetExhausted as exc:
             self._become_exhausted(t, str(exc))
             return None
         self._n_charged += 1
+        self._certain -= 1
         self.last_sigma, self.last_sensitivity = sigma, sens
-        noisy = self._w + self._noise.gaussian(t, self._w.shape, sigma)
-        self._publish(t, self._constraint.project(noisy), learned=True)
-        return info
+        return sigma
 
     def _become_exhausted(self, t: int, why: str) -> None:
         if not self._exhausted:
@@ -395,17 +761,8 @@ class PrivateOnlineBase(PairwiseOnlineBase):
                 f"{type(self).__name__} is exhausted at step {t} ({why}); it keeps serving its "
                 f"release of step {self._release_step} and learns nothing more",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
-
-    def _publish(self, t: int, w: np.ndarray, learned: bool) -> None:
-        self._release = w
-        self._release_step = t
-        if learned and not self._window_learned:
-            self._window.clear()  # warm-up releases are noise: keep them out of the average
-            self._window_learned = True
-        self._window.append(w)
-        self._smoothed = None  # the mean is recomputed on the next read
 
     # -- what leaves the trust boundary --------------------------------------------------------
     @property
@@ -414,12 +771,23 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         return None if self._release is None else self._release.copy()
 
     @property
+    def _window(self) -> list[np.ndarray]:
+        """The releases in the smoothing window, oldest first (copies)."""
+        if self._win is None:
+            return []
+        count, head = int(self._ip[_kernels.IP_COUNT]), int(self._ip[_kernels.IP_HEAD])
+        k = self._win.shape[0]
+        shape = self._w.shape
+        return [self._win[(head - count + i) % k].reshape(shape).copy() for i in range(count)]
+
+    @property
     def smoothed_weights(self) -> np.ndarray | None:
         """Mean of the last ``smoothing_window`` releases: post-processing, costs no budget."""
-        if not self._window:
+        if self._win is None or self._ip[_kernels.IP_COUNT] == 0:
             return None
-        if getattr(self, "_smoothed", None) is None:  # cached: read on every step by regret
-            self._smoothed = np.mean(np.stack(self._window), axis=0)
+        if self._smoothed is None:  # cached between releases
+            count, head = int(self._ip[_kernels.IP_COUNT]), int(self._ip[_kernels.IP_HEAD])
+            self._smoothed = window_mean(self._win, count, head).reshape(self._w.shape)
         return self._smoothed.copy()
 
     @property
@@ -444,6 +812,12 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         if self.predict_with == "smoothed":
             return self.smoothed_weights
         return self._release
+
+    def _served_factors(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Eigenpairs of the served metric release, when the kernel kept them (no eigh)."""
+        if self.predict_with == "release" and self._factors_step == self._release_step >= 1:
+            return self._lam, self._V
+        return None
 
     def release_message(self) -> dict:
         """The fields of a release (SPEC §8): never raw records, gradients or the iterate."""
@@ -519,9 +893,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         from stream_dp.privacy.accountant import accountant_from_dict
 
         if state.get("class") != type(self).__name__:
-            raise ValueError(
-                f"checkpoint is for {state.get('class')!r}, not {type(self).__name__}"
-            )
+            raise ValueError(f"checkpoint is for {state.get('class')!r}, not {type(self).__name__}")
         self._t = int(state["t"])
         if state["schema"] is not None:
             self._schema = FeatureSchema(tuple(state["schema"]))
@@ -534,9 +906,21 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         self._release = None if state["release"] is None else np.array(state["release"])
         self._release_step = int(state["release_step"])
         self._n_charged = int(state["n_charged"])
-        self._window.clear()
-        self._window.extend(np.array(a) for a in state["window"])
+        self._win = None
+        if self._w is not None:
+            self._bind_state()
+            window = [np.asarray(a, dtype=float).reshape(-1) for a in state["window"]]
+            k = self._win.shape[0]
+            for i, a in enumerate(window[-k:]):
+                self._win[i] = a
+            count = min(len(window), k)
+            ip = self._ip
+            ip[_kernels.IP_COUNT], ip[_kernels.IP_HEAD] = count, count % k
+            ip[_kernels.IP_LEARNED] = int(bool(state["window_learned"]))
+            ip[_kernels.IP_RELEASE_STEP] = int(state["release_step"])
         self._smoothed = None
+        self._factors_step = -1
+        self._certain = 0
         self._window_learned = bool(state["window_learned"])
         self._exhausted = bool(state["exhausted"])
         self.regret.cumulative, self.regret.steps = state["regret"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stream_dp._kernels import LEARN, WRITE
 from stream_dp.buffers import Buffer
 from stream_dp.online._dispatch import task_variants
 from stream_dp.online._params import river_check_params
@@ -59,13 +60,27 @@ class PairwiseGIGA(PairwiseOnlineBase):
     def learn_one(self, x, y, **kwargs) -> None:
         """Learn one record (raises ``InvalidRecord``, state untouched, for bad input)."""
         xv, yv = self._validate(x, y)
-        self._commit_label(y)
+        self._learn_validated(xv[None, :], np.array([yv]), (y,))
+
+    def _learn_validated(self, X: np.ndarray, Y: np.ndarray, labels) -> None:
         self._ensure_bound()
-        t = self._t + 1
-        self._track_penalty(t, xv, yv)
-        self._w = self._gradient_step(t, self._w, xv, yv)
-        self._buffer.add(xv, yv, t, self._noise)
-        self._t = t
+        m = len(Y)
+        step = 1 if self.track_regret and self.keep_history else m
+        for i in range(0, m, step):
+            j = min(m, i + step)
+            t0, k = self._t, j - i
+            mode = np.full(k, LEARN | WRITE, dtype=np.int64)
+            eta = np.array([self._eta(t) for t in range(t0 + 1, t0 + k + 1)])
+            off, slots, nb = self._buffer.plan_writes(t0, k, self._noise)
+            ids_before = self._buffer.member_ids().copy() if step == 1 else None
+            penok = self._run_data(
+                X[i:j], Y[i:j], mode, eta, self._no_rows, self._no_rows, off, slots, nb, t0
+            )
+            if ids_before is not None:
+                self._remember(X[i], Y[i], ids_before, t0 + 1, penok[0])
+            self._buffer.advance(k)
+            self._t = t0 + k
+            self._commit_labels(labels[i:j])
 
     @property
     def weights(self) -> np.ndarray | None:

@@ -14,7 +14,9 @@ import numpy as np
 from river import base
 from scipy import special
 
-__all__ = ["AUCInterface", "MetricInterface", "PrivateMetricDistance", "psd_sqrt"]
+from stream_dp._kernels import sym_eigh
+
+__all__ = ["AUCInterface", "MetricInterface", "PrivateMetricDistance", "psd_sqrt", "sqrt_from_eigh"]
 
 
 class AUCInterface(base.Classifier):
@@ -45,11 +47,46 @@ class AUCInterface(base.Classifier):
     def predict_one(self, x, **kwargs) -> bool:
         return self.score_one(x) > 0.0
 
+    def score_many(self, X) -> np.ndarray:
+        """Scores ``w̃ᵀx`` of the rows of a 2-D array or a DataFrame (as :meth:`score_one`)."""
+        w = self._served_weights()
+        A = self._model_inputs(X)
+        if w is None or A is None:
+            return np.zeros(len(X))
+        return A @ w
+
+    def predict_proba_many(self, X):
+        """``P(False)``, ``P(True)`` per row: a DataFrame for a DataFrame (as river's mini-batch
+        API), else an array of shape ``(n, 2)``."""
+        p = special.expit(self.score_many(X))
+        if hasattr(X, "columns") and hasattr(X, "index"):
+            import pandas as pd
+
+            return pd.DataFrame({False: 1.0 - p, True: p}, index=X.index)
+        return np.column_stack([1.0 - p, p])
+
+    def predict_many(self, X) -> np.ndarray:
+        """``score > 0`` per row."""
+        return self.score_many(X) > 0.0
+
+
+def sqrt_from_eigh(lam: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """``V·diag(√λ)·Vᵀ``, eigenvalues at rounding level (≤ d·eps·max λ) treated as exactly 0.
+
+    A PSD matrix rebuilt from its eigenpairs has its zero eigenvalues back only up to rounding
+    (±1e-17 instead of 0), and ``√1e-17 ≈ 3e-9`` would be pure rounding noise in the root;
+    cutting at the rounding level makes the root the same whether it is taken from the
+    eigenpairs the projection computed or from a fresh decomposition of the released matrix.
+    """
+    top = float(lam.max()) if lam.size else 0.0
+    keep = lam > lam.size * np.finfo(float).eps * max(top, 0.0)
+    return (V * np.sqrt(np.where(keep, lam, 0.0))) @ V.T
+
 
 def psd_sqrt(W: np.ndarray) -> np.ndarray:
-    """Symmetric square root of a PSD matrix (negative eigenvalues from rounding clipped)."""
-    lam, V = np.linalg.eigh(0.5 * (W + W.T))
-    return (V * np.sqrt(np.maximum(lam, 0.0))) @ V.T
+    """Symmetric square root of a PSD matrix (eigenvalues at rounding level or below: 0)."""
+    lam, V = sym_eigh(0.5 * (W + W.T))
+    return sqrt_from_eigh(lam, V)
 
 
 class MetricInterface(base.SupervisedTransformer):
@@ -64,9 +101,14 @@ class MetricInterface(base.SupervisedTransformer):
         key = self._served_version()
         cache = self.__dict__.get("_sqrt_cache_v")
         if cache is None or cache[0] != key:
-            cache = (key, psd_sqrt(W))
+            factors = self._served_factors()  # the release's own eigenpairs: no second eigh
+            root = psd_sqrt(W) if factors is None else sqrt_from_eigh(*factors)
+            cache = (key, root)
             self.__dict__["_sqrt_cache_v"] = cache
         return cache[1]
+
+    def _served_factors(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return None
 
     def transform_one(self, x) -> dict:
         v = self._model_input(x)

@@ -88,10 +88,8 @@ class OnPairC(PrivateOnlineBase):
             self._base_loss(), self.alpha_, center=None, center_radius=self._constraint.diameter
         )
 
-    def _eta(self, t: int) -> float:
-        from stream_dp.online.base import huai_step_size
-
-        return huai_step_size(t, float(self.alpha_))
+    def _eta_alpha(self) -> float:
+        return float(self.alpha_)
 
     def _ensure_bound(self) -> None:
         fresh = self._w is None

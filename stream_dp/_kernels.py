@@ -1,0 +1,509 @@
+"""The numeric mechanics of the online step, written once and optionally compiled with numba.
+
+Every function here is plain NumPy that numba can also compile. The online learners call
+:func:`plan_chunk` (the data-independent privacy bookkeeping of a run of steps) and
+:func:`run_chunk` (the data side: penalty, projected gradient step, release, buffer writes) for
+one record (``learn_one``) or many (``learn_many``): the same code in both cases. When numba is
+installed the two entry points are compiled (``@njit(cache=True)``), and the functions they call
+are compiled with them through :func:`numba.extending.register_jitable`; without numba, or with
+``STREAM_DP_NUMBA=0`` in the environment, or inside ``with use_numba(False):``, the very same
+functions run as ordinary Python. There is no second implementation to drift.
+
+Three small primitives have two bodies, because CPython and numba reach LAPACK and the special
+functions differently: :func:`sym_eigh` (SciPy's ``dsyevd``, which is also what numba's
+``np.linalg.eigh`` calls), :func:`is_pos_def` (a Cholesky factorisation that succeeds) and the
+logistic ``φ``/``φ'`` of :mod:`stream_dp.losses`. Linear algebra is bit-for-bit identical on both
+paths (numba and SciPy share SciPy's OpenBLAS/LAPACK, which agree with NumPy's at these sizes);
+``exp``/``log1p`` may differ in the last bit, so penalties and iterates agree to ~1e-15, not
+bitwise. Everything privacy-relevant — certified sensitivities, σ, the ledger, which slots a
+record fills — is computed without transcendental functions and is bit-for-bit identical.
+
+Why LAPACK through SciPy: NumPy's bundled OpenBLAS multi-threads inside ``eigh`` even for a
+32 × 32 matrix, which on a busy two-core machine cost 1–5 ms per call instead of ~70 µs.
+
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+
+import numpy as np
+from scipy.linalg import lapack
+
+from stream_dp.losses import _dphi, _phi
+
+__all__ = [
+    "LEARN",
+    "RELEASE",
+    "WRITE",
+    "NUMBA_INSTALLED",
+    "Backend",
+    "backend",
+    "cert_admit",
+    "cert_step",
+    "contraction",
+    "huai_step_size",
+    "is_pos_def",
+    "is_release_step",
+    "numba_active",
+    "pair_terms",
+    "plan_chunk",
+    "project_l2",
+    "project_psd_frobenius",
+    "run_chunk",
+    "slot_multiplicity",
+    "sym_eigh",
+    "use_numba",
+    "window_mean",
+]
+
+try:  # numba is an optional extra: pip install "stream-dp[fast]"
+    import numba
+    from numba.extending import overload, register_jitable
+except ImportError:  # pragma: no cover - exercised in environments without numba
+    numba = None
+
+NUMBA_INSTALLED: bool = numba is not None
+
+#: Mode bits of one step (shared by :func:`plan_chunk` and :func:`run_chunk`).
+LEARN = 1  # a gradient step (unset: a warm-up step whose model is given)
+RELEASE = 2  # publish a model at this step
+WRITE = 4  # the record enters the buffer (unset only for a refused, unconsumed step)
+
+# Layout of the integer state vector ``ip`` of run_chunk.
+IP_T0, IP_SMOOTHED, IP_TRACK, IP_GIGA = 0, 1, 2, 3
+IP_COUNT, IP_HEAD, IP_LEARNED, IP_HAS_FACTORS, IP_RELEASE_STEP = 4, 5, 6, 7, 8
+IP_SIZE = 9
+# Layout of the float parameters ``fp``.
+FP_ALPHA, FP_RADIUS = 0, 1
+
+_LOG2 = math.log(2.0)
+
+
+def _jitable(fn):
+    return register_jitable(fn) if NUMBA_INSTALLED else fn
+
+
+# -- primitives with a CPython body and a numba body -------------------------------------------
+def sym_eigh(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues (ascending) and eigenvectors of a symmetric matrix (LAPACK ``dsyevd``)."""
+    lam, V, info = lapack.dsyevd(S, compute_v=1, lower=1)
+    if info != 0:  # pragma: no cover - dsyevd does not fail on finite symmetric input
+        return np.linalg.eigh(S)
+    return lam, V
+
+
+def is_pos_def(S: np.ndarray) -> bool:
+    """True when the Cholesky factorisation of the symmetric matrix ``S`` succeeds."""
+    return lapack.dpotrf(S, lower=1, clean=0)[1] == 0
+
+
+if NUMBA_INSTALLED:
+
+    @overload(sym_eigh)
+    def _sym_eigh_nb(S):
+        def impl(S):  # numba's np.linalg.eigh is LAPACK dsyevd, lower triangle
+            return np.linalg.eigh(S)
+
+        return impl
+
+    @overload(is_pos_def)
+    def _is_pos_def_nb(S):
+        def impl(S):
+            try:
+                np.linalg.cholesky(S)
+                return True
+            except Exception:  # numba raises LinAlgError for a non-positive-definite matrix
+                return False
+
+        return impl
+
+    @overload(_phi)
+    def _phi_nb(u):
+        def impl(u):  # log(1 + e^{−u}) = max(−u, 0) + log1p(e^{−|u|})
+            return np.maximum(-u, 0.0) + np.log1p(np.exp(-np.abs(u)))
+
+        return impl
+
+    @overload(_dphi)
+    def _dphi_nb(u):
+        def impl(u):  # φ'(u) = −1 / (1 + e^{u}) (exp overflows to inf harmlessly)
+            return -1.0 / (1.0 + np.exp(u))
+
+        return impl
+
+
+# -- the loss over a buffer --------------------------------------------------------------------
+@_jitable
+def pair_terms(task, d, w, x, y, X, Y, n, want_grad, g):
+    """Σ_k ℓ(w; (x, y), (X_k, Y_k)) over the first ``n`` buffer rows, or its gradient.
+
+    ``task`` 0 is the logistic AUC loss ``φ((y − y')·wᵀ(x − x'))`` (``w`` of length d), 1 the
+    logistic metric loss ``φ(c·(1 − δᵀWδ))`` (``w`` the flattened d × d matrix). With
+    ``want_grad`` the gradient *sum* is written into ``g`` and 0.0 is returned; otherwise the
+    loss sum is returned. The AUC statistic is ``wᵀx − X_k w`` (two matrix-vector products, no
+    n × d array of differences); tied AUC pairs (c = 0) cost ``φ(0) = log 2`` and no gradient.
+    These are the losses of :mod:`stream_dp.losses` (``_phi`` and ``_dphi`` are theirs).
+    """
+    Xn = X[:n]
+    Yn = Y[:n]
+    if task == 0:
+        c = y - Yn
+        nz = np.flatnonzero(c)
+        if want_grad:
+            u = c[nz] * (np.dot(x, w) - np.dot(Xn, w)[nz])
+            coef = np.zeros(n)
+            coef[nz] = _dphi(u) * c[nz]
+            g[:] = np.sum(coef) * x - np.dot(coef, Xn)
+            return 0.0
+        u = c[nz] * (np.dot(x, w) - np.dot(Xn, w)[nz])
+        return np.sum(_phi(u)) + (n - nz.shape[0]) * _LOG2
+    D = x - Xn
+    c = np.where(Yn == y, 1.0, -1.0)
+    u = np.sum(np.dot(D, w.reshape((d, d))) * D, axis=1)
+    if want_grad:
+        coef = -_dphi(c * (1.0 - u)) * c
+        g[:] = np.dot(D.T * coef, D).ravel()
+        return 0.0
+    return np.sum(_phi(c * (1.0 - u)))
+
+
+# -- projections (in place on flat parameter vectors) ------------------------------------------
+@_jitable
+def project_l2(w, radius):
+    """``w ← w·min(1, D/‖w‖)`` in place (Euclidean / Frobenius ball)."""
+    norm = math.sqrt(np.dot(w, w))
+    if norm > radius:
+        w *= radius / norm
+
+
+@_jitable
+def project_psd_frobenius(w, d, radius, lam_out, V_out):
+    """Project the flattened d × d matrix ``w`` in place onto ``{W ⪰ 0, ‖W‖_F ≤ D}``.
+
+    Symmetrise; if the result is positive definite (its Cholesky factorisation succeeds) it is
+    its own projection onto the cone, and only the ball remains (a scaling) — no
+    eigendecomposition. Otherwise: eigendecompose, clip the eigenvalues at 0, scale them into the
+    ball and rebuild. Returns 1 when the eigenpairs of the result were written to ``lam_out`` /
+    ``V_out`` (so a square root costs no second decomposition), 0 otherwise.
+    """
+    W = w.reshape((d, d))
+    S = 0.5 * (W + W.T)
+    if is_pos_def(S):
+        norm = math.sqrt(np.sum(S * S))
+        if norm > radius:
+            S = S * (radius / norm)
+        w[:] = S.ravel()
+        return 0
+    lam, V = sym_eigh(S)
+    lam = np.maximum(lam, 0.0)
+    norm = math.sqrt(np.dot(lam, lam))
+    if norm > radius:
+        lam = lam * (radius / norm)
+    P = np.dot(V * lam, V.T)
+    w[:] = (0.5 * (P + P.T)).ravel()
+    lam_out[:] = lam
+    V_out[:, :] = V
+    return 1
+
+
+@_jitable
+def window_mean(win, count, head):
+    """Mean of the ``count`` newest rows of the ring ``win`` (next write at ``head``).
+
+    Rows are summed oldest first, as ``np.mean(np.stack(window), axis=0)`` does.
+    """
+    k = win.shape[0]
+    start = (head - count) % k
+    out = win[start].copy()
+    for i in range(1, count):
+        out += win[(start + i) % k]
+    return out / count
+
+
+# -- certified sensitivity (SPEC §4) -----------------------------------------------------------
+@_jitable
+def contraction(eta, alpha, smoothness):
+    """``q = max(|1 − ηα|, |1 − ηL|)``: the Lipschitz constant of ``w ↦ w − η∇f(w)``."""
+    return max(abs(1.0 - eta * alpha), abs(1.0 - eta * smoothness))
+
+
+@_jitable
+def slot_multiplicity(ids, n):
+    """For each of the first n slots, how many slots hold the same record (as a float)."""
+    v = ids[:n]
+    order = np.argsort(v, kind="mergesort")
+    sv = v[order]
+    new_group = np.empty(n, np.bool_)
+    new_group[0] = True
+    new_group[1:] = sv[1:] != sv[:-1]
+    group = np.cumsum(new_group) - 1
+    counts = np.bincount(group)
+    out = np.empty(n)
+    out[order] = counts[group]
+    return out
+
+
+@_jitable
+def cert_step(st, sb, shared, distinct, G, alpha, L, diam, eta, n, ids):
+    """One gradient step of the certified recurrence; returns the bound ``Δ_t``.
+
+    ``st`` is ``[member_max, outside, new_bound, current]`` and ``sb`` the per-slot bounds (see
+    :class:`stream_dp.sensitivity.CertifiedSensitivity`, which wraps these functions). ``ids``
+    (the buffer's arrival ids) is read only when a record can fill several slots.
+    """
+    if n == 0:
+        st[2] = 0.0  # no pair, no gradient: the new record has not moved w
+        cur = max(st[0] if shared else 0.0, 0.0)
+        cur = max(cur, st[1])
+        st[3] = cur
+        return cur
+    q = contraction(eta, alpha, L)
+    e = 2.0 * G * eta / n
+    st[1] = min(diam, q * st[1])
+    if shared:
+        st[0] = min(diam, q * st[0] + e)
+        members = st[0]
+    else:
+        b = sb[:n]
+        if distinct:
+            b[:] = np.minimum(diam, q * b + e)
+        else:  # a record in m slots contributes m partner terms; its slots share one bound
+            b[:] = np.minimum(diam, q * b + e * slot_multiplicity(ids, n))
+        members = b.max()
+    st[2] = min(diam, 2.0 * G * eta)
+    cur = max(members, st[1])
+    cur = max(cur, st[2])
+    st[3] = cur
+    return cur
+
+
+@_jitable
+def cert_admit(st, sb, shared, distinct, slots, olds, ids, n_after):
+    """Record where the buffer put the new record: ``slots`` written, ``olds`` their old ids."""
+    if shared:
+        st[0] = max(st[0], st[2])
+        return
+    if slots.shape[0] == 0:
+        st[1] = max(st[1], st[2])  # the record never entered: its bound lives outside
+        return
+    members = ids[:n_after]
+    for i in range(slots.shape[0]):
+        slot = slots[i]
+        old = olds[i]
+        if old >= 0 and (distinct or not np.any(members == old)):
+            st[1] = max(st[1], sb[slot])  # the evicted record left the buffer
+        sb[slot] = st[2]
+
+
+# -- a run of steps ----------------------------------------------------------------------------
+@_jitable
+def huai_step_size(t, alpha):
+    """Huai et al. (2020) Alg. 1: ``η_t = 2(t − 1) / (α t (t − 2))`` for t ≥ 3.
+
+    The formula is infinite at t = 2 and negative at t = 1; those steps (reachable only by
+    PairwiseGIGA, which has no warm-up, or a user warm-up below 2) use ``1/α``.
+    """
+    if t <= 2:
+        return 1.0 / alpha
+    return 2.0 * (t - 1) / (alpha * t * (t - 2))
+
+
+@_jitable
+def is_release_step(t, T1, every, horizon):
+    """Whether step t publishes: every ``every``-th step of the warm-up and step T1, then every
+    ``every``-th step after T1 and the horizon (``horizon < 0``: none)."""
+    if t <= T1:
+        return t % every == 0 or t == T1
+    return (t - T1) % every == 0 or t == horizon
+
+
+@_jitable
+def plan_chunk(
+    t0, T1, every, horizon, eta_alpha, refuse_last, off, slots, nb, ids, st, sb, shared,
+    distinct, consts, mode, eta, bound,
+):  # fmt: skip
+    """The data-independent side of steps ``t0 + 1 … t0 + m``: schedule, bounds, membership.
+
+    Writes each step's mode bits (:data:`LEARN` after the warm-up T1, :data:`RELEASE` on a
+    release step, :data:`WRITE`; with ``refuse_last`` the last step is a gradient step only),
+    its step size ``η_t = huai_step_size(t, eta_alpha)`` and its certified bound ``Δ_t``, and
+    advances the tracker state ``st``/``sb`` and the buffer ids ``ids`` in place (callers pass
+    copies when a release may be refused). The record of step ``t0 + 1 + j`` enters the buffer
+    at ``slots[off[j]:off[j+1]]``; ``nb[j]`` is the buffer size before it (``nb[m]`` after the
+    last). ``consts`` is ``(G, α, L, diam)``.
+    """
+    G, alpha, L, diam = consts[0], consts[1], consts[2], consts[3]
+    m = mode.shape[0]
+    for j in range(m):
+        t = t0 + 1 + j
+        md = WRITE
+        if t > T1:
+            md |= LEARN
+        if is_release_step(t, T1, every, horizon):
+            md |= RELEASE
+        if refuse_last and j == m - 1:
+            md = LEARN  # a refused release: the record moves w but is neither published nor kept
+        mode[j] = md
+        n = nb[j]
+        if md & LEARN:
+            eta[j] = huai_step_size(t, eta_alpha)
+            bound[j] = cert_step(st, sb, shared, distinct, G, alpha, L, diam, eta[j], n, ids)
+        else:
+            eta[j] = 0.0
+            st[2] = 0.0  # a warm-up record has not moved w
+            bound[j] = 0.0
+        if md & WRITE:
+            ws = slots[off[j] : off[j + 1]]
+            olds = ids[ws]
+            ids[ws] = t
+            cert_admit(st, sb, shared, distinct, ws, olds, ids, nb[j + 1])
+
+
+@_jitable
+def run_chunk(
+    task, d, X, Y, w, center, BX, BY, bids, off, slots, nb, mode, eta, N, winit, win, ip, fp,
+    pen, penok, lam_out, V_out,
+):  # fmt: skip
+    """The data side of steps ``t0 + 1 … t0 + m`` for the rows of ``X``/``Y`` (clipped, coded).
+
+    Per step j (``t = t0 + 1 + j``), exactly Huai et al. Alg. 1 as the learners define it:
+
+    1. penalty of the served model on the new record vs the buffer (``pen[j]``, ``penok[j]``)
+       — the served model is the latest release, the mean of the release window, or (GIGA) the
+       iterate; tracked from t ≥ 2 once something is served;
+    2. :data:`LEARN`: ``w ← Π_C(w − η_t ∇L̂_t(w))`` with ``L̂_t`` the buffer-averaged loss plus
+       ``(α/2)‖w − center‖²`` (skipped for an empty buffer); otherwise ``w ← winit[j]``;
+    3. :data:`RELEASE`: publish ``Π_C(w + N[j])`` (learning step) or ``w`` (warm-up) into the
+       release ring ``win``; the first learned release empties the ring of warm-up models;
+    4. :data:`WRITE`: the record enters the buffer at ``slots[off[j]:off[j+1]]``.
+
+    ``w`` and the release ring are flat parameter vectors; ``ip``/``fp`` hold the integer state
+    and float parameters (layouts ``IP_*``/``FP_*``) and are updated in place.
+    """
+    t0 = ip[IP_T0]
+    alpha = fp[FP_ALPHA]
+    radius = fp[FP_RADIUS]
+    k = win.shape[0]
+    g = np.empty(w.shape[0])
+    lam_it = np.empty(d)
+    V_it = np.empty((d, d))
+    for j in range(X.shape[0]):
+        t = t0 + 1 + j
+        x = X[j]
+        y = Y[j]
+        n = nb[j]
+        md = mode[j]
+        penok[j] = 0
+        if ip[IP_TRACK] != 0 and t >= 2 and (ip[IP_GIGA] != 0 or ip[IP_COUNT] > 0):
+            if ip[IP_GIGA] != 0:
+                s = w.copy()
+            elif ip[IP_SMOOTHED] != 0:
+                s = window_mean(win, ip[IP_COUNT], ip[IP_HEAD])
+            else:
+                s = win[(ip[IP_HEAD] - 1) % k].copy()
+            value = 0.0
+            if n > 0:
+                value = pair_terms(task, d, s, x, y, BX, BY, n, False, g) / n
+            r = s - center
+            pen[j] = value + 0.5 * alpha * np.sum(r * r)
+            penok[j] = 1
+        if md & LEARN:
+            if n > 0:
+                pair_terms(task, d, w, x, y, BX, BY, n, True, g)
+                w[:] = w - eta[j] * (g / n + alpha * (w - center))
+                if task == 0:
+                    project_l2(w, radius)
+                else:
+                    project_psd_frobenius(w, d, radius, lam_it, V_it)
+        else:
+            w[:] = winit[j]
+        if md & RELEASE:
+            if md & LEARN:
+                rel = w + N[j]
+                if task == 0:
+                    project_l2(rel, radius)
+                    ip[IP_HAS_FACTORS] = 0
+                else:
+                    ip[IP_HAS_FACTORS] = project_psd_frobenius(rel, d, radius, lam_out, V_out)
+                if ip[IP_LEARNED] == 0:  # warm-up releases are noise: keep them out of the mean
+                    ip[IP_COUNT] = 0
+                    ip[IP_LEARNED] = 1
+            else:
+                rel = w.copy()
+                ip[IP_HAS_FACTORS] = 0
+            win[ip[IP_HEAD]] = rel
+            ip[IP_HEAD] = (ip[IP_HEAD] + 1) % k
+            ip[IP_COUNT] = min(ip[IP_COUNT] + 1, k)
+            ip[IP_RELEASE_STEP] = t
+        if md & WRITE:
+            for q in range(off[j], off[j + 1]):
+                sl = slots[q]
+                BX[sl] = x
+                BY[sl] = y
+                bids[sl] = t
+
+
+# -- backends ----------------------------------------------------------------------------------
+class Backend:
+    """The two entry points, either compiled or plain Python."""
+
+    def __init__(self, name: str, plan, run) -> None:
+        self.name = name
+        self.plan_chunk = plan
+        self.run_chunk = run
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r})"
+
+
+_PYTHON = Backend("python", plan_chunk, run_chunk)
+_COMPILED: Backend | None = None
+
+
+def _env_allows_numba() -> bool:
+    return os.environ.get("STREAM_DP_NUMBA", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+_ACTIVE = [NUMBA_INSTALLED and _env_allows_numba()]
+
+
+def numba_active() -> bool:
+    """True when the learners run the compiled kernels."""
+    return _ACTIVE[0]
+
+
+@contextlib.contextmanager
+def use_numba(enabled: bool) -> Iterator[None]:
+    """Temporarily force the compiled kernels on (if installed) or off (pure NumPy).
+
+    Examples
+    --------
+    >>> with use_numba(False):
+    ...     backend().name
+    'python'
+
+    """
+    previous = _ACTIVE[0]
+    _ACTIVE[0] = bool(enabled) and NUMBA_INSTALLED
+    try:
+        yield
+    finally:
+        _ACTIVE[0] = previous
+
+
+def backend() -> Backend:
+    """The active backend (compiled on first use; numba caches the machine code on disk)."""
+    global _COMPILED
+    if not _ACTIVE[0]:
+        return _PYTHON
+    if _COMPILED is None:
+        _COMPILED = Backend(
+            "numba",
+            numba.njit(cache=True)(plan_chunk),
+            numba.njit(cache=True)(run_chunk),
+        )
+    return _COMPILED
