@@ -160,6 +160,77 @@ def test_learn_one_rejects_without_a_trace_or_accepts_and_clips(name, task, x, y
     _check_accepted(model, before_t, y)
 
 
+batch_rows = st.one_of(
+    st.lists(any_float | finite_floats, min_size=3, max_size=3),
+    st.lists(finite_floats, min_size=3, max_size=3),
+    st.lists(finite_floats, min_size=3, max_size=3),
+    st.lists(values, min_size=0, max_size=4),
+)
+batches = st.lists(batch_rows, max_size=5).flatmap(
+    lambda rows: st.tuples(
+        st.one_of(st.just(rows), st.just(rows).map(lambda r: np.array(r, dtype=object))),
+        st.integers(0, 3).flatmap(
+            lambda k: st.lists(labels, max_size=6) if k == 0 else st.lists(
+                labels | st.sampled_from([True, False, "x", "y"]), min_size=len(rows),
+                max_size=len(rows))),
+    )
+)  # fmt: skip
+
+
+def _as_batch(X):
+    """A float matrix when the rows allow it (learn_many's fast path), else as drawn."""
+    try:
+        A = np.array(X, dtype=float)
+    except (TypeError, ValueError, OverflowError):
+        return X
+    return A if A.ndim == 2 else X
+
+
+@pytest.mark.parametrize(("name", "task"), PATHS, ids=[f"{n}-{t}" for n, t in PATHS])
+@PROPERTY
+@given(batch=batches, trained=st.booleans(), fast=st.booleans())
+def test_learn_many_is_learn_one_row_by_row(name, task, batch, trained, fast):
+    """``learn_many`` learns exactly the rows ``learn_one`` would, stops at the first invalid
+    row with the same InvalidRecord, and leaves no trace of what it rejected."""
+    X, y = batch
+    if fast:
+        X = _as_batch(X)
+    many = pickle.loads(_template(name, task, trained))
+    one = pickle.loads(_template(name, task, trained))
+    before = _snapshot(many)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            many.learn_many(X, y)
+        raised = None
+    except InvalidRecord as exc:
+        raised = exc.reason
+    except ValueError as exc:  # X and y of different lengths: nothing may happen
+        event("rejected: length mismatch")
+        assert len(X) != len(y), exc
+        assert _snapshot(many) == before
+        return
+    expected = None
+    for xi, yi in zip(X, y, strict=True):
+        try:
+            _learn(one, xi, yi)
+        except InvalidRecord as exc:
+            expected = exc.reason
+            break
+    event(f"stopped: {expected}" if expected else "all learned")
+    assert raised == expected
+    if one.step == 12 * trained:  # nothing learned: bit-identical to before
+        assert _snapshot(many) == before
+    assert many.step == one.step
+    if many.accountant is not None:
+        assert pickle.dumps(many.accountant.to_dict()) == pickle.dumps(one.accountant.to_dict())
+        a, b = many.private_weights, one.private_weights
+        assert (a is None) == (b is None) and (a is None or np.allclose(a, b, atol=1e-12))
+    Xm, _ = many._buffer.view()
+    Xo, _ = one._buffer.view()
+    assert np.array_equal(Xm, Xo)
+
+
 def _norm(v: np.ndarray) -> float:
     """‖v‖ without overflowing on the way (the norm itself may be up to √d · 1.8e308)."""
     scale = float(np.max(np.abs(v))) if v.size else 0.0

@@ -320,12 +320,16 @@ class PairwiseOnlineBase(base.Estimator):
             for col in X.columns:
                 A[:, index[col]] = X[col].to_numpy(dtype=float)
             return A
-        A = np.asarray(X)
+        try:
+            A = np.asarray(X)
+        except (ValueError, TypeError, OverflowError):  # ragged rows, undecodable bytes, ...
+            return None
         if A.ndim != 2 or A.shape[1] != len(names):
             return None
-        if not (np.issubdtype(A.dtype, np.number) or A.dtype == bool):
+        if A.dtype.kind not in "biuf":  # complex, strings, objects: learn_one judges them
             return None
-        return A.astype(float)
+        with np.errstate(over="ignore", invalid="ignore"):  # too large for a double: inf, rejected
+            return A.astype(float)
 
     def _learn_validated(self, X: np.ndarray, Y: np.ndarray, labels) -> None:  # pragma: no cover
         raise NotImplementedError
