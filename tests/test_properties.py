@@ -352,7 +352,7 @@ def test_offline_fit_rejects_bad_data_with_a_value_error(path, X, y):
     before = pickle.dumps(model)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore")  # the algorithms' own advice (T1 ≥ n, σ raised, ...)
             model.fit(X, y)
     except ValueError as exc:
         event(f"rejected: {type(exc).__name__}: {str(exc)[:30]}")
