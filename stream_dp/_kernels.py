@@ -137,38 +137,117 @@ if NUMBA_INSTALLED:
 
 
 # -- the loss over a buffer --------------------------------------------------------------------
-@_jitable
-def pair_terms(task, d, w, x, y, X, Y, n, want_grad, g):
-    """Σ_k ℓ(w; (x, y), (X_k, Y_k)) over the first ``n`` buffer rows, or its gradient.
+def pair_terms(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g):
+    """The loss of the new record against the first ``n`` buffer rows: value and gradient.
 
-    ``task`` 0 is the logistic AUC loss ``φ((y − y')·wᵀ(x − x'))`` (``w`` of length d), 1 the
-    logistic metric loss ``φ(c·(1 − δᵀWδ))`` (``w`` the flattened d × d matrix). With
-    ``want_grad`` the gradient *sum* is written into ``g`` and 0.0 is returned; otherwise the
-    loss sum is returned. The AUC statistic is ``wᵀx − X_k w`` (two matrix-vector products, no
-    n × d array of differences); tied AUC pairs (c = 0) cost ``φ(0) = log 2`` and no gradient.
-    These are the losses of :mod:`stream_dp.losses` (``_phi`` and ``_dphi`` are theirs).
+    Returns ``Σ_k ℓ(s; (x, y), (X_k, Y_k))`` when ``want_val`` (else 0.0) and, when
+    ``want_grad``, writes ``Σ_k ∇ℓ(w; …)`` into ``g`` — the served model's penalty and the
+    iterate's gradient against the same buffer, in one call. ``task`` 0 is the logistic AUC
+    loss ``φ((y − y')·wᵀ(x − x'))`` (``w`` of length d), 1 the logistic metric loss
+    ``φ(c·(1 − δᵀWδ))`` (``w`` the flattened d × d matrix). ``_phi``/``_dphi`` are those of
+    :mod:`stream_dp.losses`.
+
+    Under numba the AUC case runs :func:`_auc_terms_loop` instead (one pass over the buffer,
+    summing in another order: equal to ~1e-15); the metric case is the same code.
     """
-    Xn = X[:n]
-    Yn = Y[:n]
     if task == 0:
-        c = y - Yn
-        nz = np.flatnonzero(c)
-        if want_grad:
-            u = c[nz] * (np.dot(x, w) - np.dot(Xn, w)[nz])
-            coef = np.zeros(n)
-            coef[nz] = _dphi(u) * c[nz]
-            g[:] = np.sum(coef) * x - np.dot(coef, Xn)
-            return 0.0
-        u = c[nz] * (np.dot(x, w) - np.dot(Xn, w)[nz])
-        return np.sum(_phi(u)) + (n - nz.shape[0]) * _LOG2
-    D = x - Xn
-    c = np.where(Yn == y, 1.0, -1.0)
-    u = np.sum(np.dot(D, w.reshape((d, d))) * D, axis=1)
+        return _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g)
+    return _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g)
+
+
+def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):
+    """AUC with NumPy: the statistic ``wᵀx − X_k w`` by matrix-vector products (no n × d array
+    of differences); tied pairs (c = 0) cost ``φ(0) = log 2`` and no gradient."""
+    Xn = X[:n]
+    c = y - Y[:n]
+    nz = np.flatnonzero(c)
+    cz = c[nz]
+    value = 0.0
+    if want_val:
+        u = cz * (np.dot(x, s) - np.dot(Xn, s)[nz])
+        value = np.sum(_phi(u)) + (n - nz.shape[0]) * _LOG2
     if want_grad:
+        u = cz * (np.dot(x, w) - np.dot(Xn, w)[nz])
+        coef = np.zeros(n)
+        coef[nz] = _dphi(u) * cz
+        g[:] = np.sum(coef) * x - np.dot(coef, Xn)
+    return value
+
+
+@_jitable
+def _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g):
+    """Metric learning: ``δᵀWδ`` for all partners at once, gradient ``−Dᵀdiag(φ'·c)D``."""
+    D = x - X[:n]
+    c = np.where(Y[:n] == y, 1.0, -1.0)
+    value = 0.0
+    if want_val:
+        u = np.sum(np.dot(D, s.reshape((d, d))) * D, axis=1)
+        value = np.sum(_phi(c * (1.0 - u)))
+    if want_grad:
+        u = np.sum(np.dot(D, w.reshape((d, d))) * D, axis=1)
         coef = -_dphi(c * (1.0 - u)) * c
         g[:] = np.dot(D.T * coef, D).ravel()
+    return value
+
+
+def _auc_terms_loop(w, s, x, y, X, Y, n, want_val, want_grad, g):  # pragma: no cover - numba
+    """:func:`_auc_terms` as one explicit pass over the buffer (compiled with numba only)."""
+    dim = x.shape[0]
+    xw = 0.0
+    xs = 0.0
+    for i in range(dim):
+        xw += x[i] * w[i]
+        xs += x[i] * s[i]
+    if want_grad:
+        g[:] = 0.0
+    value = 0.0  # Σ max(−u, 0)
+    logs = 0.0  # Σ log(1 + e^{−|u|}), taken as the log of a product: one log per 700 pairs
+    prod = 1.0
+    csum = 0.0
+    ties = 0
+    for k in range(n):
+        c = y - Y[k]
+        if c == 0.0:
+            ties += 1
+            continue
+        a = 0.0
+        b = 0.0
+        for i in range(dim):
+            a += X[k, i] * s[i]
+            b += X[k, i] * w[i]
+        if want_val:
+            u = c * (xs - a)
+            if u < 0.0:
+                value -= u
+            prod *= 1.0 + math.exp(-abs(u))  # each factor in (1, 2]
+            if prod > 1e200:
+                logs += math.log(prod)
+                prod = 1.0
+        if want_grad:
+            coef = -c / (1.0 + math.exp(c * (xw - b)))
+            csum += coef
+            for i in range(dim):
+                g[i] -= coef * X[k, i]
+    if want_grad:
+        for i in range(dim):
+            g[i] += csum * x[i]
+    if not want_val:
         return 0.0
-    return np.sum(_phi(c * (1.0 - u)))
+    return value + (logs + math.log(prod)) + ties * _LOG2
+
+
+if NUMBA_INSTALLED:
+    # Reassociation lets LLVM vectorise the dot products; only these sums change order.
+    _auc_terms_loop_nb = numba.njit(fastmath={"reassoc", "contract"})(_auc_terms_loop)
+
+    @overload(pair_terms)
+    def _pair_terms_nb(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g):
+        def impl(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g):
+            if task == 0:
+                return _auc_terms_loop_nb(w, s, x, y, X, Y, n, want_val, want_grad, g)
+            return _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g)
+
+        return impl
 
 
 # -- projections (in place on flat parameter vectors) ------------------------------------------
@@ -398,22 +477,23 @@ def run_chunk(
         n = nb[j]
         md = mode[j]
         penok[j] = 0
-        if ip[IP_TRACK] != 0 and t >= 2 and (ip[IP_GIGA] != 0 or ip[IP_COUNT] > 0):
-            if ip[IP_GIGA] != 0:
-                s = w.copy()
-            elif ip[IP_SMOOTHED] != 0:
-                s = window_mean(win, ip[IP_COUNT], ip[IP_HEAD])
-            else:
-                s = win[(ip[IP_HEAD] - 1) % k].copy()
-            value = 0.0
-            if n > 0:
-                value = pair_terms(task, d, s, x, y, BX, BY, n, False, g) / n
+        scored = ip[IP_TRACK] != 0 and t >= 2 and (ip[IP_GIGA] != 0 or ip[IP_COUNT] > 0)
+        if ip[IP_GIGA] != 0:
+            s = w.copy()
+        elif ip[IP_SMOOTHED] != 0 and ip[IP_COUNT] > 0:
+            s = window_mean(win, ip[IP_COUNT], ip[IP_HEAD])
+        else:
+            s = win[(ip[IP_HEAD] - 1) % k]
+        learn = (md & LEARN) != 0 and n > 0
+        value = 0.0
+        if n > 0 and (scored or learn):
+            value = pair_terms(task, d, w, s, x, y, BX, BY, n, scored, learn, g) / n
+        if scored:
             r = s - center
             pen[j] = value + 0.5 * alpha * np.sum(r * r)
             penok[j] = 1
         if md & LEARN:
             if n > 0:
-                pair_terms(task, d, w, x, y, BX, BY, n, True, g)
                 w[:] = w - eta[j] * (g / n + alpha * (w - center))
                 if task == 0:
                     project_l2(w, radius)

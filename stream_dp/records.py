@@ -230,7 +230,14 @@ def clip_rows(X: np.ndarray, radius: float) -> np.ndarray:
 
     """
     out = np.array(X, dtype=float, order="C")
-    for i in range(out.shape[0]):
+    if out.ndim != 2 or out.size == 0:
+        return out
+    # A row whose squared norm is below R²(1 − 1e-9) by any summation order is left unchanged by
+    # clip_norm; only the others (and non-finite ones) need its exact arithmetic, row by row.
+    inside = radius * radius * (1.0 - 1e-9)  # inf for radii beyond 1.3e154: check every row
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = np.einsum("ij,ij->i", out, out)
+    for i in np.flatnonzero(~(sq <= inside) | (inside == math.inf)):
         row = out[i]
         norm = math.sqrt(np.vdot(row, row))
         if norm > radius:

@@ -82,6 +82,24 @@ _ONE = (0,)
 _NONE = ()
 
 
+def _auc_codes(y, k: int) -> np.ndarray | None:
+    """:func:`stream_dp.records.auc_label` of the first k labels of a bool or numeric array,
+    vectorised (1 → +1; 0 and −1 → −1); stops before the first invalid one. None for other
+    inputs (then each label goes through ``auc_label``)."""
+    v = getattr(y, "values", y)  # pandas Series → its array
+    if not isinstance(v, np.ndarray) or v.ndim != 1:
+        return None
+    v = v[:k]
+    if v.dtype == bool:
+        return np.where(v, 1.0, -1.0)
+    if v.dtype.kind not in "iuf":
+        return None
+    bad = np.flatnonzero(~((v == 1) | (v == 0) | (v == -1)))
+    if len(bad):
+        v = v[: bad[0]]
+    return np.where(v == 1, 1.0, -1.0)
+
+
 def _is_frame(X) -> bool:
     return hasattr(X, "columns") and hasattr(X, "to_numpy") and hasattr(X, "iloc")
 
@@ -212,6 +230,13 @@ class PairwiseOnlineBase(base.Estimator):
         self._one_pen = np.zeros(1)
         self._one_penok = np.zeros(1, dtype=np.int64)
         self._set_flags()
+        if self._private:
+            self._schedule_args = (
+                self.T1,
+                int(self.release_every),
+                self._horizon_code(),
+                self._eta_alpha(),
+            )
 
     def _set_flags(self) -> None:
         """Copy the parameters the data kernel reads into its integer state."""
@@ -288,19 +313,22 @@ class PairwiseOnlineBase(base.Estimator):
             return
         finite = np.isfinite(A).all(axis=1)
         k = m if finite.all() else int(np.argmin(finite))
-        codes = np.empty(k)
-        if self.task == "auc":
-            code = auc_label
-        else:  # provisional codes, registered for real only as records are learned
-            scratch = LabelCodes()
-            scratch.codes = dict(self._labels.codes)
-            code = scratch.encode
-        for i in range(k):
-            try:
-                codes[i] = code(labels[i])
-            except InvalidRecord:
-                k = i
-                break
+        codes = _auc_codes(y, k) if self.task == "auc" else None
+        if codes is None:
+            codes = np.empty(k)
+            if self.task == "auc":
+                code = auc_label
+            else:  # provisional codes, registered for real only as records are learned
+                scratch = LabelCodes()
+                scratch.codes = dict(self._labels.codes)
+                code = scratch.encode
+            for i in range(k):
+                try:
+                    codes[i] = code(labels[i])
+                except InvalidRecord:
+                    k = i
+                    break
+        k = min(k, len(codes))
         if k:
             self._learn_validated(clip_rows(A[:k], float(self.data_radius)), codes[:k], labels[:k])
         if k < m:
@@ -575,10 +603,10 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         off, slots, nb = buf.plan_writes(t0, 1, self._noise)
         mode, eta, bound = self._one_mode, self._one_eta, self._one_bound
         backend = _kernels.backend()
+        T1, every, horizon, eta_alpha = self._schedule_args
         backend.plan_chunk(
-            t0, self.T1, int(self.release_every), self._horizon_code(), self._eta_alpha(),
-            False, off, slots, nb, buf.ids, tracker._st, tracker.slot_bound, tracker.shared,
-            buf.distinct, tracker._consts, mode, eta, bound,
+            t0, T1, every, horizon, eta_alpha, False, off, slots, nb, buf.ids, tracker._st,
+            tracker.slot_bound, tracker.shared, buf.distinct, tracker._consts, mode, eta, bound,
         )  # fmt: skip
         N = self._no_rows
         released = mode[0] & RELEASE
@@ -588,12 +616,12 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         Y = self._one_Y
         Y[0] = yv
         ip = self._ip
-        ip[_kernels.IP_T0] = t0
+        ip[0] = t0  # IP_T0
         w = self._w.copy()  # a new array: references to the previous _w stay valid
         center = self._loss.center
         pen, penok = self._one_pen, self._one_penok
         backend.run_chunk(
-            self._task_code, len(xv), xv.reshape(1, -1), Y, w.reshape(-1),
+            self._task_code, len(xv), xv[None], Y, w if w.ndim == 1 else w.reshape(-1),
             self._zero_center if center is None else center.reshape(-1), buf.X, buf.Y,
             buf.ids, off, slots, nb, mode, eta, N, self._no_rows, self._win, ip, self._fp, pen,
             penok, self._lam, self._V,
@@ -722,8 +750,8 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             return
         if ip[_kernels.IP_COUNT] == 0:
             return
-        k = self._win.shape[0]
-        self._release = self._win[(ip[_kernels.IP_HEAD] - 1) % k].reshape(self._w.shape).copy()
+        row = self._win[(ip[_kernels.IP_HEAD] - 1) % self._win.shape[0]]
+        self._release = row.reshape(self._w.shape).copy()  # the ring row is reused later
         self._release_step = step
         self._window_learned = bool(ip[_kernels.IP_LEARNED])
         self._smoothed = None
