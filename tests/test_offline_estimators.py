@@ -109,10 +109,10 @@ def test_noiseless_pipelines_learn_on_pima(pima):
     idx = np.random.default_rng(1).permutation(len(y))
     tr, te = idx[:256], idx[256:]
     for est in (
-        DPGDSC(alpha=1e-3, n_iter=200),
-        DPGDC(),
-        DPEGD(epsilon=1.0, delta=1 / 256),
-        PairwiseSGD(),
+        DPGDSC(alpha=1e-3, n_iter=200, seed=0),
+        DPGDC(seed=0),
+        DPEGD(epsilon=1.0, delta=1 / 256, seed=0),
+        PairwiseSGD(seed=0),
         OffPairStrC(alpha=1e-3, warmup=1, sensitivity="certified", seed=0),
     ):
         w = est._noiseless_fit(X[tr], y[tr])

@@ -39,7 +39,7 @@ def _neighbours(X, y, task, seed):
     rng = np.random.default_rng(1000 + seed)
     n_labels = 2 if task == "auc" else 3
     out = []
-    for i in (0, N - 1, N // 2, *rng.integers(0, N, 3)):
+    for i in (0, N - 1, N // 2, *rng.integers(0, N, 8)):
         i = int(i)
         cands = []
         x = X[i]
@@ -83,13 +83,14 @@ OUTPUT_MAKERS = {
 }
 
 
-@pytest.mark.parametrize("task", ["auc", "metric"])
-@pytest.mark.parametrize("name", sorted(OUTPUT_MAKERS))
+@pytest.mark.parametrize(
+    "name,task",
+    [(n, t) for n in sorted(OUTPUT_MAKERS) for t in ("auc", "metric")
+     if not (n == "PairwiseSGD-nuclear" and t == "auc")],  # nuclear ball: metric only
+)  # fmt: skip
 def test_output_perturbation_sensitivity(name, task):
-    if name == "PairwiseSGD-nuclear" and task == "auc":
-        pytest.skip("the nuclear-norm ball is a metric constraint")
     worst = 0.0
-    for seed in range(3):
+    for seed in range(5):
         X, y = _dataset(task, seed)
         est = OUTPUT_MAKERS[name](task, seed)
         w, sens = _stat(est, X, y)
@@ -119,7 +120,7 @@ def test_offpair_paper_bound_with_minimal_warmup_and_strong_alpha(task):
 def test_dpegd_epoch_sensitivity(task, delta):
     """Each epoch's average moves by ≤ 4Gη_i when its part holds the differing record, from the
     same (noisy, keyed) start; the other parts' averages do not move at all."""
-    for seed in range(3):
+    for seed in range(5):
         X, y = _dataset(task, seed)
         est = DPEGD(task=task, delta=delta, eta=0.9, data_radius=R, seed=seed)
         Xc, Y = est._prepare(X, y)
