@@ -55,6 +55,7 @@ __all__ = [
     "project_psd_frobenius",
     "run_chunk",
     "slot_multiplicity",
+    "step_one",
     "sym_eigh",
     "use_numba",
     "window_mean",
@@ -180,12 +181,23 @@ def _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g):
     D = x - X[:n]
     c = np.where(Y[:n] == y, 1.0, -1.0)
     value = 0.0
+    if want_val and want_grad:  # both quadratic forms from one product D·[S | W]
+        SW = np.empty((d, 2 * d))
+        SW[:, :d] = s.reshape((d, d))
+        SW[:, d:] = w.reshape((d, d))
+        DSW = np.dot(D, SW)
+        u_s = np.sum(DSW[:, :d] * D, axis=1)
+        u_w = np.sum(DSW[:, d:] * D, axis=1)
+    elif want_val:
+        u_s = np.sum(np.dot(D, s.reshape((d, d))) * D, axis=1)
+        u_w = u_s
+    else:
+        u_w = np.sum(np.dot(D, w.reshape((d, d))) * D, axis=1)
+        u_s = u_w
     if want_val:
-        u = np.sum(np.dot(D, s.reshape((d, d))) * D, axis=1)
-        value = np.sum(_phi(c * (1.0 - u)))
+        value = np.sum(_phi(c * (1.0 - u_s)))
     if want_grad:
-        u = np.sum(np.dot(D, w.reshape((d, d))) * D, axis=1)
-        coef = -_dphi(c * (1.0 - u)) * c
+        coef = -_dphi(c * (1.0 - u_w)) * c
         g[:] = np.dot(D.T * coef, D).ravel()
     return value
 
@@ -271,7 +283,9 @@ def project_psd_frobenius(w, d, radius, lam_out, V_out):
     """
     W = w.reshape((d, d))
     S = 0.5 * (W + W.T)
-    if is_pos_def(S):
+    # A positive diagonal is necessary for positive definiteness: a cheap gate before Cholesky
+    # (a noisy release almost never passes it, the learner's iterate almost always does).
+    if np.all(np.diag(S) > 0.0) and is_pos_def(S):
         norm = math.sqrt(np.sum(S * S))
         if norm > radius:
             S = S * (radius / norm)
@@ -527,20 +541,68 @@ def run_chunk(
                 bids[sl] = t
 
 
+@_jitable
+def step_one(
+    task, d, x, y, w, center, BX, BY, bids, off, slots, nb, st, sb, shared, distinct, consts,
+    sched, rho, z, win, ip, fp, out, lam_out, V_out,
+):  # fmt: skip
+    """:func:`plan_chunk`, σ and :func:`run_chunk` for one record, in one call.
+
+    For a step whose release, if any, is certainly affordable (the caller checked): the plan
+    gives the bound Δ_t; σ = Δ_t/√(2ρ) (ρ = this release's share of the budget) as
+    :func:`stream_dp.privacy.mechanisms.gaussian_sigma_zcdp` computes it — the caller
+    recomputes σ with that function when charging the ledger and refuses to publish on any
+    difference; the noise is ``σ·z`` with ``z`` the step's standard-normal row (as
+    :meth:`stream_dp.privacy.noise.KeyedNoise.gaussian`). ``sched`` is
+    ``(t0, T1, every, horizon)``, ``fp`` holds ``(α, radius, α of the step size)``; ``out``
+    receives ``(mode, Δ_t, σ, penalty, penalty recorded)``. The plan runs on the real tracker
+    state and buffer ids.
+    """
+    mode = np.empty(1, np.int64)
+    eta = np.empty(1)
+    bound = np.empty(1)
+    plan_chunk(
+        sched[0], sched[1], sched[2], sched[3], fp[2], False, off, slots, nb, bids, st, sb,
+        shared, distinct, consts, mode, eta, bound,
+    )  # fmt: skip
+    N = np.empty((1, w.shape[0]))
+    sigma = 0.0
+    if (mode[0] & (LEARN | RELEASE)) == (LEARN | RELEASE):
+        sens = bound[0]
+        sigma = sens / math.sqrt(2.0 * rho) if sens > 0 else 1e-300
+        N[0] = sigma * z
+    X = x.reshape((1, x.shape[0]))
+    Y = np.empty(1)
+    Y[0] = y
+    pen = np.zeros(1)
+    penok = np.zeros(1, np.int64)
+    ip[IP_T0] = sched[0]
+    run_chunk(
+        task, d, X, Y, w, center, BX, BY, bids, off, slots, nb, mode, eta, N, N, win, ip, fp,
+        pen, penok, lam_out, V_out,
+    )  # fmt: skip
+    out[0] = mode[0]
+    out[1] = bound[0]
+    out[2] = sigma
+    out[3] = pen[0]
+    out[4] = penok[0]
+
+
 # -- backends ----------------------------------------------------------------------------------
 class Backend:
-    """The two entry points, either compiled or plain Python."""
+    """The entry points, either compiled or plain Python."""
 
-    def __init__(self, name: str, plan, run) -> None:
+    def __init__(self, name: str, plan, run, one) -> None:
         self.name = name
         self.plan_chunk = plan
         self.run_chunk = run
+        self.step_one = one
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r})"
 
 
-_PYTHON = Backend("python", plan_chunk, run_chunk)
+_PYTHON = Backend("python", plan_chunk, run_chunk, step_one)
 _COMPILED: Backend | None = None
 
 
@@ -585,5 +647,6 @@ def backend() -> Backend:
             "numba",
             numba.njit(cache=True)(plan_chunk),
             numba.njit(cache=True)(run_chunk),
+            numba.njit(cache=True)(step_one),
         )
     return _COMPILED

@@ -40,7 +40,7 @@ from stream_dp.losses import (
 from stream_dp.privacy.accountant import BudgetExhausted, ZCDPAccountant
 from stream_dp.privacy.events import GaussianEvent
 from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
-from stream_dp.privacy.noise import KeyedNoise
+from stream_dp.privacy.noise import KeyedNoise, rows_per_block
 from stream_dp.privacy.schedules import AnytimeSchedule, HorizonSchedule, Schedule
 from stream_dp.records import (
     FeatureSchema,
@@ -221,7 +221,7 @@ class PairwiseOnlineBase(base.Estimator):
         self._zero_center = np.zeros(p)
         self._win = np.zeros((self._ring_size(), p))
         self._ip = np.zeros(_kernels.IP_SIZE, dtype=np.int64)
-        self._fp = np.array([float(self._loss.alpha), float(self.model_radius)])
+        self._fp = np.array([float(self._loss.alpha), float(self.model_radius), self._eta_alpha()])
         # Scratch of the one-record path (learn_one): no allocation per record.
         self._one_Y = np.zeros(1)
         self._one_mode = np.zeros(1, dtype=np.int64)
@@ -231,12 +231,10 @@ class PairwiseOnlineBase(base.Estimator):
         self._one_penok = np.zeros(1, dtype=np.int64)
         self._set_flags()
         if self._private:
-            self._schedule_args = (
-                self.T1,
-                int(self.release_every),
-                self._horizon_code(),
-                self._eta_alpha(),
+            self._sched = np.array(
+                [0, self.T1, int(self.release_every), self._horizon_code()], dtype=np.int64
             )
+            self._one_out = np.zeros(5)
 
     def _set_flags(self) -> None:
         """Copy the parameters the data kernel reads into its integer state."""
@@ -590,45 +588,51 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             and (self.horizon is None or self._t < self.horizon)
             and not (self.keep_history and self.track_regret)
             and self._charges_cannot_fail(1)
+            and self._fusable()
         ):
             self._step_one(xv, yv, y)
             return
         self._learn_validated(xv[None, :], np.array([yv]), (y,))
 
+    def _fusable(self) -> bool:
+        """Whether :meth:`_step_one` applies: certified sensitivity, and release noise drawn in
+        the blocked layout by KeyedNoise itself (not a subclass overriding ``gaussian``)."""
+        return (
+            self.sensitivity == "certified"
+            and type(self._noise).gaussian is KeyedNoise.gaussian
+            and rows_per_block(self._w.size) > 1
+        )
+
     def _step_one(self, xv: np.ndarray, yv: float, label) -> None:
-        """One learning step whose release (if any) cannot be refused: :meth:`_chunk` for one
-        record without what only a batch or a refusal needs (the same plan, charge and data
-        kernels, the plan run in place, no temporary arrays)."""
+        """One learning step whose release (if any) cannot be refused, in one compiled call.
+
+        :func:`stream_dp._kernels.step_one` runs the plan, σ and the data step; the ledger is
+        charged right after with σ recomputed by :meth:`_charge`, and a σ that differed from
+        the one used for the noise would raise before anything is published.
+        """
         t0, buf, tracker = self._t, self._buffer, self._tracker
         off, slots, nb = buf.plan_writes(t0, 1, self._noise)
-        mode, eta, bound = self._one_mode, self._one_eta, self._one_bound
-        backend = _kernels.backend()
-        T1, every, horizon, eta_alpha = self._schedule_args
-        backend.plan_chunk(
-            t0, T1, every, horizon, eta_alpha, False, off, slots, nb, buf.ids, tracker._st,
-            tracker.slot_bound, tracker.shared, buf.distinct, tracker._consts, mode, eta, bound,
-        )  # fmt: skip
-        N = self._no_rows
-        released = mode[0] & RELEASE
-        if released:
-            sigma = self._charge(t0 + 1, float(bound[0]))
-            N = self._noise.gaussian(t0 + 1, self._w.shape, sigma).reshape(1, -1)
-        Y = self._one_Y
-        Y[0] = yv
-        ip = self._ip
-        ip[0] = t0  # IP_T0
+        sched = self._sched
+        sched[0] = t0
+        rho = self.accountant.rho_budget * self._schedule.share(self._n_charged + 1)
         w = self._w.copy()  # a new array: references to the previous _w stay valid
         center = self._loss.center
-        pen, penok = self._one_pen, self._one_penok
-        backend.run_chunk(
-            self._task_code, len(xv), xv[None], Y, w if w.ndim == 1 else w.reshape(-1),
+        out = self._one_out
+        _kernels.backend().step_one(
+            self._task_code, len(xv), xv, yv, w if w.ndim == 1 else w.reshape(-1),
             self._zero_center if center is None else center.reshape(-1), buf.X, buf.Y,
-            buf.ids, off, slots, nb, mode, eta, N, self._no_rows, self._win, ip, self._fp, pen,
-            penok, self._lam, self._V,
+            buf.ids, off, slots, nb, tracker._st, tracker.slot_bound, tracker.shared,
+            buf.distinct, tracker._consts, sched, rho, self._noise.standard_row(t0 + 1, w.size),
+            self._win, self._ip, self._fp, out, self._lam, self._V,
         )  # fmt: skip
         self._w = w
-        if penok[0] and self.track_regret:
-            self.regret.record(float(pen[0]))
+        released = int(out[0]) & RELEASE
+        if released:
+            sigma = self._charge(t0 + 1, float(out[1]))
+            if sigma != out[2]:  # pragma: no cover - the kernel and the mechanism must agree
+                raise RuntimeError(f"step {t0 + 1}: noise used σ={out[2]!r}, ledger σ={sigma!r}")
+        if out[4] and self.track_regret:
+            self.regret.record(float(out[3]))
         buf.advance(1)
         self._t = t0 + 1
         if self.task == "metric":

@@ -18,7 +18,7 @@ import secrets
 
 import numpy as np
 
-__all__ = ["BLOCK_VALUES", "KeyedNoise", "PURPOSES", "rows_per_block"]
+__all__ = ["BLOCK_VALUES", "MAX_ROWS_PER_BLOCK", "KeyedNoise", "PURPOSES", "rows_per_block"]
 
 # Each use of randomness gets its own counter lane, so e.g. the reservoir's coin flips can never
 # correlate with the release noise of the same step.
@@ -31,10 +31,13 @@ PURPOSES: dict[str, int] = {
     "audit": 6,
 }
 
-#: Gaussian noise of small models is drawn in blocks of about this many values (see
-#: :meth:`KeyedNoise.gaussian`). Part of the noise format: changing it changes the noise of every
-#: step of small models, so a replay across versions would not reproduce its releases.
-BLOCK_VALUES = 4096
+#: Gaussian noise of models up to this many values is drawn in blocks of about this many values
+#: (see :meth:`KeyedNoise.gaussian`): 512 KB, built once per ``B`` steps. Part of the noise
+#: format: changing it changes the noise of small models, so a replay across versions would not
+#: reproduce its releases.
+BLOCK_VALUES = 65536
+#: At most this many steps share a block (so a sparse release schedule wastes little).
+MAX_ROWS_PER_BLOCK = 1024
 # Blocked rows use their own counter lane (purpose + 256), so no block stream ever coincides with
 # a per-step stream of the same purpose.
 _BLOCK_LANE = 256
@@ -43,16 +46,16 @@ _BLOCK_LANE = 256
 def rows_per_block(size: int) -> int:
     """How many steps share one Philox stream for Gaussian rows of ``size`` values.
 
-    ``B = max(1, 4096 // size)``: 128 steps for d = 32, 4 for a 32 × 32 matrix, and 1 — the
-    plain per-step layout — for 4097 values and more. A pure function of the size (schema).
+    ``B = min(1024, max(1, 65536 // size))``: 1024 steps for d = 32, 64 for a 32 × 32 matrix,
+    and 1 — the plain per-step layout — above 32 768 values. A pure function of the size.
 
     Examples
     --------
-    >>> rows_per_block(32), rows_per_block(32 * 32), rows_per_block(5000)
-    (128, 4, 1)
+    >>> rows_per_block(32), rows_per_block(32 * 32), rows_per_block(40_000)
+    (1024, 64, 1)
 
     """
-    return max(1, BLOCK_VALUES // max(int(size), 1))
+    return min(MAX_ROWS_PER_BLOCK, max(1, BLOCK_VALUES // max(int(size), 1)))
 
 
 class KeyedNoise:
@@ -114,13 +117,13 @@ class KeyedNoise:
     ) -> np.ndarray:
         """``N(0, σ²)`` noise of ``shape`` for ``step``: a pure function of (secret, id, step).
 
-        Models of more than 4096 values draw each step from its own Philox stream (counter =
+        Models of more than 32 768 values draw each step from its own Philox stream (counter =
         step). Smaller models share one stream among ``B = rows_per_block(size)`` consecutive
         steps: step t takes row ``t mod B`` of the standard-normal block ``⌊t/B⌋`` (counter =
         block, lane = purpose + 256), times σ. Either way the values of step t depend on nothing
         but the secret, the model id, the purpose, t and the size — not on which other steps were
         drawn, in what order, or in how many calls — and every step draws the same number of
-        values (SPEC §5, §8). Blocks amortise the ~5 µs cost of building a generator.
+        values (SPEC §5, §8). Blocks amortise the ~10 µs cost of building a generator.
         """
         if step < 0:
             raise ValueError("steps are non-negative")
@@ -128,8 +131,18 @@ class KeyedNoise:
         per_block = rows_per_block(size)
         if per_block == 1:
             return self.generator(step, purpose).normal(0.0, sigma, size=shape)
-        z = self._block(step // per_block, size, purpose)[step % per_block]
-        return (sigma * z).reshape(shape)
+        return (sigma * self.standard_row(step, size, purpose)).reshape(shape)
+
+    def standard_row(self, step: int, size: int, purpose: str = "release") -> np.ndarray:
+        """The standard-normal row behind :meth:`gaussian` for a blocked size (a read-only view).
+
+        ``gaussian(step, shape, σ)`` is ``σ · standard_row(step, size)`` whenever
+        ``rows_per_block(size) > 1``.
+        """
+        per_block = rows_per_block(size)
+        if per_block == 1:
+            raise ValueError(f"{size} values per step are drawn per step, not in blocks")
+        return self._block(step // per_block, size, purpose)[step % per_block]
 
     def gaussian_rows(
         self, steps: np.ndarray, size: int, sigmas: np.ndarray, purpose: str = "release"
