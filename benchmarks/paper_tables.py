@@ -92,7 +92,8 @@ R = D = 1.0
 
 def verify_paper_numbers() -> str:
     """Check every hard-coded number against the paper's text, if the text is available."""
-    files = glob.glob("/work/shared/papers/001_*.txt")
+    repo_shared = Path(__file__).resolve().parents[2] / "shared" / "papers"
+    files = glob.glob(str(repo_shared / "001_*.txt")) or glob.glob("/work/shared/papers/001_*.txt")
     if not files:
         return "paper text not found: numbers not re-checked"
     text = Path(files[0]).read_text()

@@ -21,6 +21,7 @@ _DATA_DIRS = [
     *([Path(os.environ["STREAM_DP_DATA"])] if os.environ.get("STREAM_DP_DATA") else []),
     _HERE / "data",
     Path(stream_dp.__file__).resolve().parent / "data",
+    _HERE.parent.parent / "shared" / "data",
     Path("/work/shared/data"),
 ]
 
