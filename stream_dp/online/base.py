@@ -248,6 +248,31 @@ class PairwiseOnlineBase(base.Estimator):
         """Number of records learned so far (t)."""
         return self._t
 
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held by the learner's arrays, by part.
+
+        ``buffer`` (the records: O(s·d) for FIFO/reservoir, O(n·d) for ``all``), ``state``
+        (iterate, release ring, kernel scratch), ``noise`` (the cached block of Gaussian rows,
+        at most 512 KB), ``regret`` (records kept by ``keep_history=True``; 0 otherwise) and,
+        for the private learners, ``tracker`` and ``ledger`` (one charge per release, a few
+        dozen bytes each, by design: SPEC §5). With a bounded buffer everything but the ledger
+        is constant once the buffer is full.
+        """
+        state = [getattr(self, a, None) for a in ("_w", "_win", "_lam", "_V", "_zero_center")]
+        state += [getattr(self, a, None) for a in ("_ip", "_fp", "_one_out", "_sched")]
+        regret = self.regret
+        out = {
+            "buffer": self._buffer.nbytes(),
+            "state": sum(a.nbytes for a in state if isinstance(a, np.ndarray)),
+            "noise": sum(b.nbytes for _, b in self._noise._blocks.values()),
+            "regret": sum(a.nbytes for a in regret._xs)
+            + sum(a.nbytes for a in regret._members if a is not None),
+        }
+        if self._private:
+            out["tracker"] = self._tracker.slot_bound.nbytes + self._tracker._st.nbytes
+            out["ledger"] = self.accountant.nbytes()
+        return out
+
     @property
     def feature_names(self) -> tuple | None:
         return self._schema.names
