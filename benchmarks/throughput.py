@@ -9,7 +9,8 @@ For d ∈ {8, 32} and FIFO buffers of 64 and 256 records, measured in one proces
   same dict records;
 * **AUC array** — the same learner through ``learn_many(X, y)`` on NumPy batches of
   ``--batch`` rows (identical iterates, releases and ledger as ``learn_one`` row by row);
-* **metric dict** — ``OnPairStrC(task="metric")``: ``learn_one`` then ``transform_one``.
+* **metric dict** — ``OnPairStrC(task="metric")``: ``learn_one`` then ``transform_one``
+  (**metric learn**: ``learn_one`` alone).
 
 Every learner: ``epsilon=1``, anytime schedule (``horizon=None``, so no horizon ends the run),
 ``alpha=1``, ``warmup=10`` with the certified sensitivity, ``release_every=1`` (a charged,
@@ -22,7 +23,8 @@ records/s at the same d, and nanoseconds per pair-feature operation, ``time per 
 With ``--numpy`` the same table is also measured with the compiled kernels switched off (the
 pure-NumPy fallback, ``STREAM_DP_NUMBA=0``).
 
-    python benchmarks/throughput.py            # ~2 minutes, of which numba compiles ~20 s once
+    python benchmarks/throughput.py            # ~30 s (+ ~35 s the first time: numba compiles)
+    python benchmarks/throughput.py --numpy --policies   # also the NumPy fallback, buffers
     python benchmarks/throughput.py --quick    # fewer records and repeats (smoke test)
 """
 
@@ -72,7 +74,7 @@ def make_data(n: int, d: int, seed: int = 0) -> dict:
     }
 
 
-def learner(task: str, d_names: tuple, buffer: int) -> OnPairStrC:
+def learner(task: str, d_names: tuple, buffer: int | str) -> OnPairStrC:
     return OnPairStrC(
         task=task, epsilon=1.0, delta=1e-5, horizon=None, alpha=1.0, warmup=10,
         sensitivity="certified", buffer=buffer, release_every=1, seed=2026,
@@ -126,7 +128,7 @@ def run_auc_array(data: dict, n: int, buffer: int, batch: int) -> float:
     return n / dt
 
 
-def run_metric_dict(data: dict, n: int, buffer: int) -> float:
+def run_metric_dict(data: dict, n: int, buffer: int, transform: bool = True) -> float:
     model = learner("metric", data["names"], buffer)
     dicts, ys = data["dicts"], data["y_metric"]
     w = warm_count(buffer)
@@ -135,7 +137,8 @@ def run_metric_dict(data: dict, n: int, buffer: int) -> float:
     t0 = time.perf_counter()
     for x, y in zip(dicts[w : w + n], ys[w : w + n], strict=True):
         model.learn_one(x, y)
-        model.transform_one(x)
+        if transform:
+            model.transform_one(x)
     dt = time.perf_counter() - t0
     assert model.n_releases == w + n - 10
     return n / dt
@@ -162,6 +165,10 @@ def measure(args: argparse.Namespace, label: str) -> list[dict]:
             jobs.append(
                 (d, s, "metric dict", lambda d=d, s=s: run_metric_dict(datas[d], n_metric, s))
             )
+            jobs.append(
+                (d, s, "metric learn",
+                 lambda d=d, s=s: run_metric_dict(datas[d], n_metric, s, transform=False))
+            )  # fmt: skip
     results: dict[tuple, list[float]] = {(d, s, name): [] for d, s, name, _ in jobs}
     for _, _, _, fn in jobs:  # compile (numba caches machine code on disk) and warm caches
         fn()
@@ -183,6 +190,43 @@ def measure(args: argparse.Namespace, label: str) -> list[dict]:
     return rows
 
 
+def buffer_policies(args: argparse.Namespace) -> list[dict]:
+    """Cost of each buffer policy: AUC, d = 32, array path, records/s and the learner's bytes.
+
+    ``all`` is measured over records 1–5 000 and 15 001–20 000 (its step cost grows with t);
+    FIFO and reservoir hold 256 records. The reservoir draws its coins from the keyed
+    generator at every step (one Philox stream per step) and the certified tracker counts
+    repeated records in its slots.
+    """
+    d, n = 32, (2_000 if args.quick else 5_000)
+    data = make_data(20_000 + n, d, seed=99)
+    X, y = data["X"], data["y_auc"]
+    rows = []
+    for spec, start in (("fifo:256", 300), ("reservoir:256", 300), ("all", 0), ("all", 15_000)):
+        vals, nbytes = [], None
+        for _ in range(3 if args.quick else args.repeats):
+            model = learner("auc", data["names"], spec)
+            if start:
+                model.learn_many(X[:start], y[:start])
+            t0 = time.perf_counter()
+            for a in range(start, start + n, args.batch):
+                b = min(a + args.batch, start + n)
+                model.learn_many(X[a:b], y[a:b])
+            vals.append(n / (time.perf_counter() - t0))
+            nbytes = model.nbytes()
+        rows.append({
+            "buffer": spec, "records": f"{start + 1}–{start + n}", "rps": statistics.median(vals),
+            "buffer_bytes": nbytes["buffer"], "tracker_bytes": nbytes["tracker"],
+        })  # fmt: skip
+    print("\nbuffer policies (AUC, d=32, array path, batches of "
+          f"{args.batch}; records/s, medians)")  # fmt: skip
+    print(f"{'buffer':<14} {'records':>13} {'records/s':>10} {'buffer bytes':>13} {'tracker':>8}")
+    for r in rows:
+        print(f"{r['buffer']:<14} {r['records']:>13} {r['rps']:>10,.0f} "
+              f"{r['buffer_bytes']:>13,} {r['tracker_bytes']:>8,}")  # fmt: skip
+    return rows
+
+
 def print_table(rows: list[dict], title: str) -> None:
     print(f"\n{title}")
     print(f"{'d':>3} {'buffer':>7} {'path':<12} {'records/s':>11} {'× river':>8} {'ns/(s·d)':>9}")
@@ -201,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1000, help="rows per learn_many call")
     parser.add_argument("--quick", action="store_true", help="fewer records and 3 repeats")
     parser.add_argument("--numpy", action="store_true", help="also measure the NumPy fallback")
+    parser.add_argument("--policies", action="store_true", help="also time each buffer policy")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", ResourceWarning)
@@ -227,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = measure(args, "numpy")
         print_table(rows, "kernels: numpy fallback (STREAM_DP_NUMBA=0)")
         out["tables"]["numpy"] = rows
+    if args.policies:
+        out["buffer_policies"] = buffer_policies(args)
     env["load_average_after"] = _loadavg()
     env["seconds"] = round(time.perf_counter() - t_start, 1)
     print(f"\nload average after: {env['load_average_after']}; total {env['seconds']} s")

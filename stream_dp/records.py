@@ -183,7 +183,7 @@ class FeatureSchema:
         return arr
 
     def to_dict(self, v: np.ndarray) -> dict:
-        return dict(zip(self.names or (), (float(a) for a in v), strict=True))
+        return dict(zip(self.names or (), np.asarray(v, dtype=float).tolist(), strict=True))
 
 
 def clip_norm(x: np.ndarray, radius: float, sq: float | None = None) -> np.ndarray:

@@ -18,6 +18,8 @@ from stream_dp._kernels import sym_eigh
 
 __all__ = ["AUCInterface", "MetricInterface", "PrivateMetricDistance", "psd_sqrt", "sqrt_from_eigh"]
 
+_EPS = float(np.finfo(float).eps)
+
 
 class AUCInterface(base.Classifier):
     """Bipartite ranking as a binary river classifier.
@@ -79,7 +81,7 @@ def sqrt_from_eigh(lam: np.ndarray, V: np.ndarray) -> np.ndarray:
     eigenpairs the projection computed or from a fresh decomposition of the released matrix.
     """
     top = float(lam.max()) if lam.size else 0.0
-    keep = lam > lam.size * np.finfo(float).eps * max(top, 0.0)
+    keep = lam > lam.size * _EPS * max(top, 0.0)
     return (V * np.sqrt(np.where(keep, lam, 0.0))) @ V.T
 
 
