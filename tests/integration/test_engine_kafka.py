@@ -26,6 +26,7 @@ from connectors import KafkaSink, ReleaseMessage
 from stream_dp.checkpoint import load_checkpoint
 from stream_dp.engine import Engine
 from stream_dp.engine.config import EngineConfig
+from stream_dp.privacy import accountant_from_dict
 
 from .kafka_broker import KafkaBroker
 
@@ -228,9 +229,11 @@ def test_sigkill_three_times_loses_nothing(kafka_broker: KafkaBroker, unique_nam
     check_release_stream(releases, n, epsilon=2.0)
     # The ledger in the checkpoint is the one the releases advertise.
     final = max(releases, key=lambda r: r.step)
-    events = ckpt.learner_state["accountant"]["events"]
-    assert math.isclose(math.fsum(e["rho"] for e in events), final.rho_spent, rel_tol=1e-12)
-    assert len({e["step"] for e in events}) == len(events), "a step was charged twice"
+    ledger = accountant_from_dict(ckpt.learner_state["accountant"])
+    events = ledger.ledger
+    assert math.fsum(e.rho for e in events) == ledger.rho_spent() == final.rho_spent
+    assert len({e.step for e in events}) == len(events), "a step was charged twice"
+    assert ledger.verify()
 
 
 BAD_KINDS = [
