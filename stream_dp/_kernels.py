@@ -64,7 +64,7 @@ __all__ = [
 try:  # numba is an optional extra: pip install "stream-dp[fast]"
     import numba
     from numba.extending import overload, register_jitable
-except ImportError:  # pragma: no cover - exercised in environments without numba
+except Exception:  # pragma: no cover - not installed, or unusable (e.g. an unsupported NumPy)
     numba = None
 
 NUMBA_INSTALLED: bool = numba is not None
