@@ -85,7 +85,9 @@ cmd_fetch() {
         rm -f "$LIB_DIR"/*.jar
     fi
     note "fetching Kafka $(pom_kafka_version) jars from Maven Central into $LIB_DIR"
-    (cd "$SCRIPT_DIR" && "$MVN" -q -B dependency:copy-dependencies) ||
+    # Maven writes (colour-reset) bytes to stdout even with -q -B; stdout is reserved for the
+    # bootstrap address that `start` prints, so everything Maven says goes to stderr.
+    (cd "$SCRIPT_DIR" && "$MVN" -q -B -Dstyle.color=never dependency:copy-dependencies >&2) ||
         die "maven could not resolve the broker jars (is Maven Central reachable?)"
     lib_populated || die "maven finished but $LIB_DIR lacks the expected jars"
 }
@@ -273,7 +275,7 @@ cmd_start() {
     command -v "$PYTHON" >/dev/null 2>&1 || die "python ('$PYTHON') not found; set PYTHON"
     "$PYTHON" -c 'import kafka' 2>/dev/null ||
         die "$PYTHON cannot import kafka-python (needed for the readiness check); pip install kafka-python"
-    lib_populated || cmd_fetch
+    lib_populated || cmd_fetch >&2
 
     if [[ -f "$PROPS" ]]; then
         existing_port="$(prop listeners | sed -n 's/.*PLAINTEXT:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p')"
