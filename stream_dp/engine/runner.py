@@ -345,7 +345,7 @@ class Engine:
             "rho_spent": self.learner.accountant.rho_spent(),
             "rho_budget": self.learner.accountant.rho_budget,
             "exhausted": self.learner.exhausted,
-            "dead_letters": dict(self.dead.counts) if hasattr(self, "dead") else {},
+            "dead_letter_reasons": dict(self.dead.counts) if hasattr(self, "dead") else {},
             "consumer_lag": lag,
             **self.stats.to_dict(),
             # Computed from raw records: for the trusted operator only, never released.
