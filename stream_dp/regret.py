@@ -111,7 +111,7 @@ class RegretTracker:
             scale = len(a) / max_pairs
             a, b, wt = a[pick], b[pick], wt[pick]
         D = X[a] - X[b]
-        c = _coefficients(loss, Y[a], Y[b])
+        c = loss.pair_coefficients(Y[a], Y[b])
         const = loss.constants(float(np.max(np.linalg.norm(X, axis=1))), constraint.radius)
         lr = 1.0 / max(const.smoothness, 1e-12) if math.isfinite(const.smoothness) else 0.1
 
@@ -124,9 +124,3 @@ class RegretTracker:
             g = scale * loss.pair_gradient_sum(w, D, c, wt) / n_steps
             w = constraint.project(w - lr * g)
         return w, objective(w), exact
-
-
-def _coefficients(loss, ya: np.ndarray, yb: np.ndarray) -> np.ndarray:
-    if loss.task == "auc":
-        return ya - yb
-    return np.where(ya == yb, 1.0, -1.0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import sys
 
 __all__ = ["add_produce_arguments", "add_watch_arguments", "produce_main", "watch_main"]
@@ -70,24 +69,13 @@ def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=watch_main)
 
 
-def _auc(scores, labels) -> float:
-    # Mann–Whitney U with average ranks for ties.
-    import numpy as np
-    from scipy.stats import rankdata
-
-    s, y = np.asarray(scores), np.asarray(labels, dtype=bool)
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return math.nan
-    ranks = rankdata(s)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
 def watch_main(args: argparse.Namespace) -> int:
     import numpy as np
     from kafka import KafkaConsumer
 
     from connectors import ReleaseMessage
+    from stream_dp.demo import roc_auc
+    from stream_dp.records import clip_rows
 
     test = None
     if args.dataset:
@@ -106,6 +94,9 @@ def watch_main(args: argparse.Namespace) -> int:
         head += " test AUC" + (f" AUC(mean of {args.smooth})" if args.smooth > 1 else "")
     print(head)
     recent: collections.deque = collections.deque(maxlen=max(args.smooth, 1))
+    # The held-out records in a release's feature order, clipped to R = 1 as the example
+    # config's learner does; built once per feature order, not once per message.
+    test_rows: dict[tuple[str, ...], np.ndarray] = {}
     n = 0
     try:
         for msg in consumer:
@@ -118,15 +109,14 @@ def watch_main(args: argparse.Namespace) -> int:
             line = f"{rel.step:>8} {rel.release_index:>8} {rel.epsilon_spent:>9.4f} "
             line += f"{float(np.linalg.norm(w)):>7.3f}"
             if test is not None and rel.task == "auc":
-                order = [list(test.feature_names).index(f) for f in rel.feature_names]
-                X = test.X_test[:, order]
-                X = (
-                    X
-                    * np.minimum(1.0, 1.0 / np.maximum(np.linalg.norm(X, axis=1), 1e-300))[:, None]
-                )
-                line += f" {_auc(X @ w, test.y_test):8.3f}"
+                key = tuple(rel.feature_names)
+                if key not in test_rows:
+                    order = [list(test.feature_names).index(f) for f in key]
+                    test_rows[key] = clip_rows(test.X_test[:, order], 1.0)
+                X = test_rows[key]
+                line += f" {roc_auc(X @ w, test.y_test):8.3f}"
                 if args.smooth > 1:
-                    line += f" {_auc(X @ np.mean(recent, axis=0), test.y_test):8.3f}"
+                    line += f" {roc_auc(X @ np.mean(recent, axis=0), test.y_test):8.3f}"
             print(line + (" (exhausted)" if rel.exhausted else ""))
             sys.stdout.flush()
     finally:
