@@ -46,6 +46,7 @@ class DoubleCharge(RuntimeError):
 
 _MECH_CODES = {"gaussian": 0, "laplace": 1, "gaussian-approx": 2}
 _MECH_NAMES = {v: k for k, v in _MECH_CODES.items()}
+_GAUSSIAN = _MECH_CODES["gaussian"]
 
 
 class _Ledger:
@@ -255,6 +256,43 @@ class ZCDPAccountant(_Ledger):
 
     def _budget(self) -> float:
         return self.rho_budget
+
+    def charge_gaussian(self, step: int, sensitivity: float, sigma: float) -> None:
+        """``charge(GaussianEvent(step, sensitivity, sigma))`` without building the event.
+
+        The one-release-per-record path: a new step, valid values and an affordable cost are
+        appended directly — the same columns, the same cost ``Δ²/(2σ²)`` and the same
+        partials as :meth:`charge`, bit for bit. Anything else (a replay, a step out of order,
+        invalid values, a refusal) goes through :meth:`charge`, which decides and raises.
+
+        Examples
+        --------
+        >>> acc = ZCDPAccountant(epsilon=1.0, delta=1e-5)
+        >>> acc.charge_gaussian(1, 0.1, 1.0)
+        >>> acc.ledger == (GaussianEvent(step=1, sensitivity=0.1, sigma=1.0),)
+        True
+
+        """
+        steps = self._steps
+        if (
+            type(step) is not int
+            or (steps and step <= steps[-1])
+            or not (0.0 <= sensitivity < math.inf and sigma > 0.0)
+        ):
+            self.charge(GaussianEvent(step=step, sensitivity=sensitivity, sigma=sigma))
+            return
+        cost = sensitivity**2 / (2.0 * sigma**2)  # GaussianEvent.rho, the same expression
+        partials = self._partials
+        if not math.fsum([*partials, cost]) <= self.rho_budget:
+            self.charge(GaussianEvent(step=step, sensitivity=sensitivity, sigma=sigma))
+            return
+        steps.append(step)
+        self._mech.append(_GAUSSIAN)
+        self._sens.append(sensitivity)
+        self._scale.append(sigma)
+        self._eps.append(math.nan)
+        self._delta.append(math.nan)
+        self._accumulate(cost)
 
     def rho_spent(self) -> float:
         """Σρ over the ledger (math.fsum: correctly rounded)."""
