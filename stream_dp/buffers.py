@@ -217,11 +217,12 @@ class FIFOBuffer(Buffer):
 
     def plan_writes(self, t0, m, noise=None):
         if m == 1:
-            off, slots, nb = self._single()
-            slots[0] = self._next
-            nb[0] = self.n
-            nb[1] = min(self.n + 1, self.size)
-            return off, slots, nb
+            one = self._single()
+            n, nb = self.n, one[2]
+            one[1][0] = self._next
+            nb[0] = n
+            nb[1] = n + 1 if n < self.size else n
+            return one
         j = np.arange(m + 1, dtype=np.int64)
         return j, (self._next + j[:m]) % self.size, np.minimum(self.n + j, self.size)
 

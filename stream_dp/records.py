@@ -55,6 +55,9 @@ class FeatureSchema:
         self.names: tuple | None = None
         self._index: dict = {}
         self._getter: operator.itemgetter | None = None
+        # (dict, values, radius, clipped vector) of the last dict to_clipped converted; the vector
+        # is shared with the caller, so nothing may write into what to_clipped returns.
+        self._last: tuple | None = None
         if names is not None:
             self._set(tuple(names))
 
@@ -66,6 +69,10 @@ class FeatureSchema:
         self.names = names
         self._index = {n: i for i, n in enumerate(names)}
         self._getter = operator.itemgetter(*names)
+
+    def __getstate__(self) -> dict:
+        # The conversion cache holds a raw record: never pickle or copy it with the model.
+        return {**self.__dict__, "_last": None}
 
     @property
     def dim(self) -> int | None:
@@ -150,12 +157,28 @@ class FeatureSchema:
         The fast path computes ‖x‖² once, both to detect a non-finite value (the general path
         then raises as :meth:`to_array` does) and to clip.
         """
-        if isinstance(x, dict):
-            arr = self._fast_dict(x, check_finite=False)
-            if arr is not None:
-                sq = np.vdot(arr, arr)
-                if math.isfinite(sq):
-                    return clip_norm(arr, radius, sq)
+        names = self.names
+        if isinstance(x, dict) and names is not None and len(x) == len(names):
+            try:
+                vals = self._getter(x)
+            except (KeyError, TypeError):
+                vals = None
+            if vals is not None:
+                if len(names) == 1:
+                    vals = (vals,)
+                last = self._last
+                # The same dict with the same values as the last call (predict, then learn, of
+                # one record): converted once. Equal values read as equal floats, so the vector
+                # is what a conversion would give.
+                if last is not None and x is last[0] and vals == last[1] and radius == last[2]:
+                    return last[3]
+                arr = self._values_array(vals)
+                if arr is not None:
+                    sq = np.vdot(arr, arr)
+                    if math.isfinite(sq):
+                        out = clip_norm(arr, radius, sq)
+                        self._last = (x, vals, radius, out)
+                        return out
         return clip_norm(self.to_array(x, learning=learning), radius)
 
     def _fast_dict(self, x: Mapping, check_finite: bool = True) -> np.ndarray | None:
@@ -171,16 +194,25 @@ class FeatureSchema:
             return None
         try:
             vals = self._getter(x)
-            arr = np.array(vals if len(names) > 1 else (vals,))
-        except (KeyError, TypeError, ValueError, OverflowError):
+        except (KeyError, TypeError):
+            return None
+        arr = self._values_array(vals if len(names) > 1 else (vals,))
+        if arr is None or (check_finite and not np.isfinite(arr).all()):
+            return None
+        return arr
+
+    @staticmethod
+    def _values_array(vals: tuple) -> np.ndarray | None:
+        """The values as float64 when NumPy reads them all as floats or ints, else None."""
+        try:
+            arr = np.array(vals)
+        except (TypeError, ValueError, OverflowError):
             return None
         if arr.dtype != np.float64:
             if arr.dtype.kind != "i":
                 return None
             arr = arr.astype(float)
-        if arr.ndim != 1 or (check_finite and not np.isfinite(arr).all()):
-            return None
-        return arr
+        return arr if arr.ndim == 1 else None
 
     def to_dict(self, v: np.ndarray) -> dict:
         return dict(zip(self.names or (), np.asarray(v, dtype=float).tolist(), strict=True))
@@ -257,7 +289,7 @@ def auc_label(y: object) -> float:
     (1.0, -1.0, -1.0)
 
     """
-    if isinstance(y, bool | np.bool_):
+    if y is True or y is False or isinstance(y, np.bool_):
         return 1.0 if y else -1.0
     if _is_number(y) and not (isinstance(y, float) and math.isnan(y)):
         if y == 1:

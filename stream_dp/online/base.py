@@ -138,6 +138,7 @@ class PairwiseOnlineBase(base.Estimator):
         self.task = task
         self.alpha = alpha
         self.data_radius = data_radius
+        self._radius = float(data_radius)  # R, read for every record
         self.model_radius = model_radius
         self.buffer = buffer
         self.seed = seed
@@ -157,6 +158,11 @@ class PairwiseOnlineBase(base.Estimator):
         self._win: np.ndarray | None = None  # ring of the last releases (kernel state)
         self.regret = RegretTracker(keep_history=keep_history)
         self.n_rejected = 0
+        self._fast_one = False  # set once the dimension is known (_bind_state)
+        self._one_state = None  # the kernel's view of the arrays above (see _one_step_state)
+        self._one_src: tuple = ()
+        self._noise_block: tuple = (-1, None)  # (block index, standard-normal rows) of _step_one
+        self._fast_noise = None
 
     # -- what the subclasses define ----------------------------------------------------------
     def _base_loss(self) -> PairwiseLoss:
@@ -184,9 +190,9 @@ class PairwiseOnlineBase(base.Estimator):
     def _validate(self, x, y) -> tuple[np.ndarray, float]:
         """Validate and clip one record without changing any state (or raise InvalidRecord)."""
         schema = self._schema
-        fresh = not schema.frozen
+        fresh = schema.names is None
         try:
-            xv = schema.to_clipped(x, float(self.data_radius), learning=True)
+            xv = schema.to_clipped(x, self._radius, learning=True)
             yv = auc_label(y) if self.task == "auc" else self._labels.encode(y, register=False)
         except InvalidRecord:
             if fresh:
@@ -220,6 +226,8 @@ class PairwiseOnlineBase(base.Estimator):
         self._no_rows = np.zeros((0, p))
         self._zero_center = np.zeros(p)
         self._win = np.zeros((self._ring_size(), p))
+        self._rows_per_block = rows_per_block(p)
+        self._one_state = None
         self._ip = np.zeros(_kernels.IP_SIZE, dtype=np.int64)
         self._fp = np.array([float(self._loss.alpha), float(self.model_radius), self._eta_alpha()])
         # Scratch of the one-record path (learn_one): no allocation per record.
@@ -234,7 +242,18 @@ class PairwiseOnlineBase(base.Estimator):
             self._sched = np.array(
                 [0, self.T1, int(self.release_every), self._horizon_code()], dtype=np.int64
             )
-            self._one_out = np.zeros(5)
+            self._one_out = np.zeros(7)
+            # learn_one's fused path (_step_one) applies: certified sensitivity, release noise
+            # drawn in the blocked layout by KeyedNoise itself (not a subclass overriding
+            # ``gaussian``, as the audit's), and no per-step regret history.
+            self._fast_one = self.sensitivity == "certified" and not (
+                self.keep_history and self.track_regret
+            )
+            # ... and only with this noise object: one that is swapped in later (the audit's
+            # weakened noise) sends learn_one back to the general path.
+            fusable = type(self._noise).gaussian is KeyedNoise.gaussian and rows_per_block(p) > 1
+            self._fast_noise = self._noise if fusable else None
+            self._noise_block = (-1, None)
 
     def _set_flags(self) -> None:
         """Copy the parameters the data kernel reads into its integer state."""
@@ -242,6 +261,10 @@ class PairwiseOnlineBase(base.Estimator):
         ip[_kernels.IP_TRACK] = int(bool(self.track_regret))
         ip[_kernels.IP_GIGA] = int(not self._private)
         ip[_kernels.IP_SMOOTHED] = int(self._private and self.predict_with == "smoothed")
+
+    def __getstate__(self) -> dict:
+        # The compiled kernel's struct is rebuilt on demand; it cannot be pickled or copied.
+        return {**self.__dict__, "_one_state": None, "_one_src": (), "_noise_block": (-1, None)}
 
     @property
     def step(self) -> int:
@@ -279,9 +302,10 @@ class PairwiseOnlineBase(base.Estimator):
 
     def _model_input(self, x) -> np.ndarray | None:
         """A record as the model sees it at prediction time (schema order, clipped)."""
-        if not self._schema.frozen:
+        schema = self._schema
+        if schema.names is None:
             return None
-        return self._schema.to_clipped(x, float(self.data_radius), learning=False)
+        return schema.to_clipped(x, self._radius, learning=False)
 
     def _model_inputs(self, X) -> np.ndarray | None:
         """Rows of a 2-D array or a DataFrame as the model sees them (schema order, clipped).
@@ -522,6 +546,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         self._factors_step = -1  # release step whose eigenpairs sit in _lam/_V (metric)
         self._certain = 0  # how many next charges cannot be refused (see _charges_cannot_fail)
         self._exhausted = False
+        self._t_stop = math.inf if horizon is None else int(horizon)
         self.last_sigma: float | None = None
         self.last_sensitivity: float | None = None
 
@@ -607,63 +632,108 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         """
         xv, yv = self._validate(x, y)
         if (
-            self._win is not None
+            self._fast_one
+            and self._noise is self._fast_noise
+            and self.T1 <= self._t < self._t_stop
             and not self._exhausted
-            and self._t >= self.T1
-            and (self.horizon is None or self._t < self.horizon)
-            and not (self.keep_history and self.track_regret)
-            and self._charges_cannot_fail(1)
-            and self._fusable()
+            and (
+                (self._certain > 0 and len(self.accountant) == self._n_charged)
+                or self._charges_cannot_fail(1)
+            )
         ):
             self._step_one(xv, yv, y)
             return
         self._learn_validated(xv[None, :], np.array([yv]), (y,))
 
-    def _fusable(self) -> bool:
-        """Whether :meth:`_step_one` applies: certified sensitivity, and release noise drawn in
-        the blocked layout by KeyedNoise itself (not a subclass overriding ``gaussian``)."""
-        return (
-            self.sensitivity == "certified"
-            and type(self._noise).gaussian is KeyedNoise.gaussian
-            and rows_per_block(self._w.size) > 1
-        )
-
     def _step_one(self, xv: np.ndarray, yv: float, label) -> None:
         """One learning step whose release (if any) cannot be refused, in one compiled call.
 
         :func:`stream_dp._kernels.step_one` runs the plan, σ and the data step; the ledger is
-        charged right after with σ recomputed by :meth:`_charge`, and a σ that differed from
-        the one used for the noise would raise before anything is published.
+        charged right after with σ recomputed by :func:`gaussian_sigma_zcdp`, and a σ that
+        differed from the one used for the noise would raise before anything is published.
+        The effect is exactly that of :meth:`_learn_validated` on the one row (tested).
         """
         t0, buf, tracker = self._t, self._buffer, self._tracker
-        off, slots, nb = buf.plan_writes(t0, 1, self._noise)
-        sched = self._sched
-        sched[0] = t0
+        t = t0 + 1
+        off, slots, nb = buf.plan_writes(t0, 1, self._noise)  # may grow the 'all' buffer
+        be = _kernels.backend()
+        S, src = self._one_state, self._one_src
+        if (
+            S is None
+            or src[0] is not be.name
+            or src[1] is not buf.X
+            or src[2] is not buf.ids
+            or src[3] is not tracker._st
+            or src[4] is not tracker.slot_bound
+        ):
+            S = self._one_step_state(be)
+        self._sched[0] = t0
         rho = self.accountant.rho_budget * self._schedule.share(self._n_charged + 1)
         w = self._w.copy()  # a new array: references to the previous _w stay valid
-        center = self._loss.center
-        out = self._one_out
-        _kernels.backend().step_one(
-            self._task_code, len(xv), xv, yv, w if w.ndim == 1 else w.reshape(-1),
-            self._zero_center if center is None else center.reshape(-1), buf.X, buf.Y,
-            buf.ids, off, slots, nb, tracker._st, tracker.slot_bound, tracker.shared,
-            buf.distinct, tracker._consts, sched, rho, self._noise.standard_row(t0 + 1, w.size),
-            self._win, self._ip, self._fp, out, self._lam, self._V,
+        per_block = self._rows_per_block
+        block_id, block = self._noise_block
+        if block_id != t // per_block:
+            block_id = t // per_block  # the rows of KeyedNoise.standard_row, a block at a time
+            block = self._noise._block(block_id, w.size, "release")
+            self._noise_block = (block_id, block)
+        be.step_one(
+            S, xv, yv, w if w.ndim == 1 else w.reshape(-1), rho, block, t % per_block, off,
+            slots, nb,
         )  # fmt: skip
         self._w = w
-        released = int(out[0]) & RELEASE
+        mode, sens, used_sigma, pen, scored, row, factors = self._one_out.tolist()
+        released = int(mode) & RELEASE
         if released:
-            sigma = self._charge(t0 + 1, float(out[1]))
-            if sigma != out[2]:  # pragma: no cover - the kernel and the mechanism must agree
-                raise RuntimeError(f"step {t0 + 1}: noise used σ={out[2]!r}, ledger σ={sigma!r}")
-        if out[4] and self.track_regret:
-            self.regret.record(float(out[3]))
+            sigma = gaussian_sigma_zcdp(sens, rho) if sens > 0 else 1e-300
+            if sigma != used_sigma:  # pragma: no cover - the kernel and the mechanism must agree
+                self._withdraw_release()
+                raise RuntimeError(f"step {t}: noise used σ={used_sigma!r}, ledger σ={sigma!r}")
+            try:
+                self.accountant.charge_gaussian(t, sens, sigma)
+            except BudgetExhausted:  # pragma: no cover - _charges_cannot_fail said it could not
+                self._withdraw_release()
+                raise
+            self._n_charged += 1
+            self._certain -= 1
+            self.last_sigma, self.last_sensitivity = sigma, sens
+        if scored and self.track_regret:
+            self.regret.record(pen)
         buf.advance(1)
-        self._t = t0 + 1
+        self._t = t
         if self.task == "metric":
             self._labels.encode(label)
-        if released:
-            self._sync_release()
+        if released:  # what _sync_release reads from the kernel state, known here already
+            rel = self._win[int(row)]
+            self._release = rel.copy() if w.ndim == 1 else rel.reshape(w.shape).copy()
+            self._release_step = t
+            self._window_learned = True
+            self._smoothed = None
+            self._factors_step = t if factors else -1
+
+    def _one_step_state(self, backend: _kernels.Backend):
+        """The arrays :func:`stream_dp._kernels.step_one` works on, as one struct for ``backend``.
+
+        Rebuilt whenever the buffer or the tracker replaced an array (a chunk adopts the
+        tracker's planned copies; the ``all`` buffer grows), or the backend changed.
+        """
+        buf, tr = self._buffer, self._tracker
+        center = self._loss.center  # OnPairC draws w0 after binding, and again on restore
+        center = self._zero_center if center is None else center.reshape(-1)
+        S = backend.OneState(
+            *_kernels.one_state_values(
+                self._task_code, self._schema.dim, tr.shared, buf.distinct, center,
+                buf.X, buf.Y, buf.ids, tr._st, tr.slot_bound, tr._consts, self._sched, self._win,
+                self._ip, self._fp, self._one_out, self._lam, self._V,
+            )
+        )  # fmt: skip
+        self._one_state = S
+        self._one_src = (backend.name, buf.X, buf.ids, tr._st, tr.slot_bound)
+        return S
+
+    def _withdraw_release(self) -> None:  # pragma: no cover - only after an internal error
+        """Never serve an uncharged release: stop, and empty the window the kernel wrote into."""
+        self._exhausted = True
+        self._ip[_kernels.IP_COUNT] = 0
 
     def _learn_validated(self, X: np.ndarray, Y: np.ndarray, labels) -> None:
         """Learn validated, clipped rows ``X`` with label codes ``Y`` (``labels`` as given)."""
@@ -968,6 +1038,8 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         self._release_step = int(state["release_step"])
         self._n_charged = int(state["n_charged"])
         self._win = None
+        self._fast_one = False
+        self._one_state = None
         if self._w is not None:
             self._bind_state()
             window = [np.asarray(a, dtype=float).reshape(-1) for a in state["window"]]

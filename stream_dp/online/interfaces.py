@@ -40,10 +40,16 @@ class AUCInterface(base.Classifier):
         v = self._model_input(x)
         if w is None or v is None:
             return 0.0
-        return float(w @ v)
+        return float(np.dot(w, v))  # np.dot: half the call overhead of @ on short vectors
 
     def predict_proba_one(self, x, **kwargs) -> dict[bool, float]:
-        p = float(special.expit(self.score_one(x)))
+        s = self.score_one(x)
+        # The logistic function, never overflowing: e^{−|s|} ≤ 1.
+        if s >= 0.0:
+            p = 1.0 / (1.0 + math.exp(-s))
+        else:
+            e = math.exp(s)
+            p = e / (1.0 + e)
         return {False: 1.0 - p, True: p}
 
     def predict_one(self, x, **kwargs) -> bool:

@@ -47,6 +47,9 @@ class DoubleCharge(RuntimeError):
 _MECH_CODES = {"gaussian": 0, "laplace": 1, "gaussian-approx": 2}
 _MECH_NAMES = {v: k for k, v in _MECH_CODES.items()}
 _GAUSSIAN = _MECH_CODES["gaussian"]
+# A sum this far below the budget is below it whatever the rounding of the running total (a few
+# ulps at most): 1e-9 relative is millions of ulps.
+_CLEARLY_BELOW = 1.0 - 1e-9
 
 
 class _Ledger:
@@ -283,7 +286,12 @@ class ZCDPAccountant(_Ledger):
             return
         cost = sensitivity**2 / (2.0 * sigma**2)  # GaussianEvent.rho, the same expression
         partials = self._partials
-        if not math.fsum([*partials, cost]) <= self.rho_budget:
+        budget = self.rho_budget
+        # The last partial is the running sum to within an ulp, so far below the budget the
+        # exact test (an fsum over the partials) cannot fail; near it, the exact test decides.
+        if not (partials and partials[-1] + cost <= budget * _CLEARLY_BELOW) and not (
+            math.fsum([*partials, cost]) <= budget
+        ):
             self.charge(GaussianEvent(step=step, sensitivity=sensitivity, sigma=sigma))
             return
         steps.append(step)
