@@ -217,3 +217,50 @@ def test_stop_checkpoints_and_resumes(tmp_path):
     assert engine.learner.step == 60
     steps = [json.loads(v)["step"] for _, v in out.items]
     assert steps == list(range(1, 61)), "a clean stop/resume neither repeats nor skips"
+
+
+def test_ledger_journal_survives_crashes_and_refuses_a_lost_journal(tmp_path, monkeypatch):
+    """checkpoint.ledger_journal: sealed chunks go to <ckpt>.ledger; crashes replay identically.
+
+    Chunks of 4 charges (instead of 8192) make every crash leave chunks sealed after the last
+    checkpoint in the journal, which the restart must truncate and the replay re-charge.
+    """
+    from stream_dp.privacy.accountant import JournalError
+
+    monkeypatch.setattr("stream_dp.privacy.accountant.CHUNK", 4)
+    data = records(120, seed=4)
+    (tmp_path / "ref").mkdir()
+    reference = Engine(config(tmp_path / "ref"), source=IterableSource(data),
+                       releases=Collect().sink(), dead_letters=Collect().sink())  # fmt: skip
+    reference.run()
+
+    cfg = config(tmp_path).model_copy(
+        update={"checkpoint": config(tmp_path).checkpoint.model_copy(
+            update={"ledger_journal": True})}
+    )  # fmt: skip
+    for crash_after in (25, 50, 90):
+        with pytest.raises(Boom):
+            Engine(cfg, source=CrashingSource(data, crash_after), releases=Collect().sink(),
+                   dead_letters=Collect().sink()).run()  # fmt: skip
+    engine = Engine(cfg, source=IterableSource(data), releases=Collect().sink(),
+                    dead_letters=Collect().sink())  # fmt: skip
+    engine.run()
+    acc = engine.learner.accountant
+    assert acc.ledger == reference.learner.accountant.ledger
+    assert acc.rho_spent() == reference.learner.accountant.rho_spent()
+    assert len(acc.journal) == len(acc) // 4 >= 8
+    stored = load_checkpoint(Path(cfg.checkpoint.path)).learner_state["accountant"]
+    assert stored["kind"] == "journal:zcdp" and stored["journal"]["path"] == "m.ckpt.ledger"
+    assert len(stored["columns"]["step"]) < 4  # the open chunk only
+
+    journal = Path(cfg.checkpoint.path).with_name("m.ckpt.ledger")
+    blob = journal.read_bytes()
+    journal.write_bytes(blob[:-1])  # a lost byte: charges the checkpoint counts are gone
+    with pytest.raises(JournalError):
+        Engine(cfg, source=IterableSource(data), releases=Collect().sink(),
+               dead_letters=Collect().sink()).run()  # fmt: skip
+    fresh = Engine(cfg, fresh=True, source=IterableSource(data), releases=Collect().sink(),
+                   dead_letters=Collect().sink())  # fmt: skip
+    fresh.run()  # --fresh keeps the old journal aside and starts a new one
+    assert list(journal.parent.glob("m.ckpt.ledger.abandoned-*"))
+    assert fresh.learner.accountant.ledger == reference.learner.accountant.ledger

@@ -19,6 +19,12 @@ one step, never a gap, and the ledger never double-charges. No record is lost (p
 saved only after the releases derived from them were delivered) and none is learned twice
 (the learner state and the positions are saved together, atomically).
 
+With ``checkpoint.ledger_journal`` the ledger's sealed chunks live in an append-only journal
+beside the checkpoint (``<checkpoint>.ledger``, :mod:`stream_dp.privacy.journal`) and the
+checkpoint stores the journal's length and SHA-256 plus the open chunk. A journal longer than its
+checkpoint (chunks sealed before a crash) is truncated to it, the replay re-charging them; a
+shorter, altered or missing one is refused.
+
 A fresh start resets the ledger, so the engine never starts fresh by itself: if the checkpoint
 is missing but this model was started before (a marker file beside the checkpoint says so), or
 the checkpoint is unreadable, it refuses to run unless ``fresh=True`` (``--fresh``).
@@ -167,6 +173,7 @@ class Engine:
         self._status_records = 0
         self.ckpt_path = Path(config.checkpoint.path)
         self.marker_path = self.ckpt_path.with_name(self.ckpt_path.name + ".created")
+        self.journal_path = self.ckpt_path.with_name(self.ckpt_path.name + ".ledger")
 
     # -- state ---------------------------------------------------------------------------
     def _restore(self) -> dict:
@@ -174,10 +181,15 @@ class Engine:
         ckpt, marker = self.ckpt_path, self.marker_path
         ckpt.parent.mkdir(parents=True, exist_ok=True)
         if self.fresh:
+            stamp = int(time.time())
             if ckpt.exists():
-                aside = ckpt.with_name(f"{ckpt.name}.abandoned-{int(time.time())}")
+                aside = ckpt.with_name(f"{ckpt.name}.abandoned-{stamp}")
                 os.replace(ckpt, aside)
                 log.warning("--fresh: previous checkpoint kept as %s; its ledger is closed", aside)
+            if self.journal_path.exists():
+                aside = self.journal_path.with_name(f"{self.journal_path.name}.abandoned-{stamp}")
+                os.replace(self.journal_path, aside)
+                log.warning("--fresh: previous ledger journal kept as %s", aside)
             marker.unlink(missing_ok=True)
         if ckpt.exists():
             c = load_checkpoint(
@@ -186,7 +198,12 @@ class Engine:
                 learner_class=type(self.learner).__name__,
                 params=self.learner._get_params(),
             )
+            acc_state = c.learner_state["accountant"]
+            if "journal" in acc_state:  # it lives beside the checkpoint, wherever that moved
+                acc_state["journal"] = {**acc_state["journal"], "path": str(self.journal_path)}
             self.learner.load_state_dict(c.learner_state)
+            if self.config.checkpoint.ledger_journal and self.learner.accountant.journal is None:
+                self._open_journal()
             for k, v in c.meta.get("stats", {}).items():
                 setattr(self.stats, k, v)
             log.info(
@@ -207,10 +224,34 @@ class Engine:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"model_id": self.config.model.model_id, "created": time.time()}, f)
+        if self.config.checkpoint.ledger_journal:
+            self._open_journal()
         # An initial checkpoint fixes the noise secret before anything is released.
-        save_checkpoint(ckpt, self.learner.state_dict(), {}, {"stats": self.stats.to_dict()})
+        save_checkpoint(ckpt, self._learner_state(), {}, {"stats": self.stats.to_dict()})
         log.info("started model %s: %s", self.config.model.model_id, self.learner.describe())
         return {}
+
+    def _open_journal(self) -> None:
+        """Start journaling the ledger; a journal no checkpoint refers to is moved aside.
+
+        Such a file was written after the last checkpoint by a process that died (that
+        checkpoint holds the whole ledger), or belongs to a model whose checkpoint and marker
+        were removed; either way nothing refers to it, and it is kept, not overwritten.
+        """
+        path = self.journal_path
+        if path.exists():
+            aside = path.with_name(f"{path.name}.orphaned-{int(time.time())}")
+            os.replace(path, aside)
+            log.warning("ledger journal %s is not referred to by the checkpoint: kept as %s",
+                        path, aside)  # fmt: skip
+        self.learner.accountant.open_journal(path)
+
+    def _learner_state(self) -> dict:
+        state = self.learner.state_dict()
+        acc = state["accountant"]
+        if "journal" in acc:  # named relative to the checkpoint, so the directory can move
+            acc["journal"] = {**acc["journal"], "path": self.journal_path.name}
+        return state
 
     def checkpoint(self) -> None:
         """Flush sinks, then write the checkpoint, then commit source positions."""
@@ -219,7 +260,7 @@ class Engine:
         positions = self.source.positions()
         save_checkpoint(
             self.ckpt_path,
-            self.learner.state_dict(),
+            self._learner_state(),
             positions,
             {"stats": self.stats.to_dict()},
         )
@@ -281,6 +322,7 @@ class Engine:
             self._report_status(time.monotonic())
         finally:
             self._restore_signals(handlers)
+            self.learner.accountant.close()  # flushes and unlocks a journal; reads still work
             for part in (self._releases, self._dead_inner, self._source):
                 try:
                     part.close()
