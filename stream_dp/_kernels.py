@@ -551,7 +551,7 @@ def run_chunk(
 #: name numba's generated constructor gives the struct itself.)
 ONE_STATE_FIELDS = (
     "task", "d", "shared", "distinct", "center", "BX", "BY", "bids", "tst", "tsb", "consts",
-    "sched", "win", "ip", "fp", "out", "lam", "V",
+    "sched", "win", "ip", "fp", "out", "lam", "V", "fifo", "ring", "off", "slots", "nb", "Z",
     # scratch of the one-record step, allocated once
     "mode", "eta", "bound", "N", "Y", "pen", "penok",
 )  # fmt: skip
@@ -568,13 +568,22 @@ class PyOneState:
 
 
 def one_state_values(task, d, shared, distinct, center, BX, BY, bids, st, sb, consts, sched, win,
-                     ip, fp, out, lam, V) -> tuple:  # fmt: skip
-    """The field values of a one-record state, scratch included (C-contiguous, typed)."""
+                     ip, fp, out, lam, V, ring, off, slots, nb, Z) -> tuple:  # fmt: skip
+    """The field values of a one-record state, scratch included (C-contiguous, typed).
+
+    ``ring`` is a FIFO buffer's ``(members, head, size)`` (None for other buffers): the step
+    then plans the write into ``off``/``slots``/``nb`` and advances the ring itself (see
+    :class:`stream_dp.buffers.FIFOBuffer`); otherwise the caller fills those three with
+    :meth:`stream_dp.buffers.Buffer.plan_writes`. ``Z`` is the block of standard-normal rows
+    the step's noise row is taken from.
+    """
     p = win.shape[1]
+    fifo = ring is not None
     return (
         int(task), int(d), bool(shared), bool(distinct), center, BX, BY, bids, st, sb, consts,
-        sched, win, ip, fp, out, lam, V, np.zeros(1, np.int64), np.zeros(1), np.zeros(1),
-        np.zeros((1, p)), np.zeros(1), np.zeros(1), np.zeros(1, np.int64),
+        sched, win, ip, fp, out, lam, V, fifo, ring if fifo else np.zeros(3, np.int64), off,
+        slots, nb, Z, np.zeros(1, np.int64), np.zeros(1), np.zeros(1), np.zeros((1, p)),
+        np.zeros(1), np.zeros(1), np.zeros(1, np.int64),
     )  # fmt: skip
 
 
@@ -601,7 +610,7 @@ else:  # pragma: no cover - without numba only the Python state exists
 
 
 @_jitable
-def step_one(S, x, y, w, rho, Z, zrow, off, slots, nb):
+def step_one(S, t0, x, y, w, rho, zrow):
     """:func:`plan_chunk`, σ and :func:`run_chunk` for one record, in one call.
 
     For a step whose release, if any, is certainly affordable (the caller checked): the plan
@@ -609,14 +618,24 @@ def step_one(S, x, y, w, rho, Z, zrow, off, slots, nb):
     :func:`stream_dp.privacy.mechanisms.gaussian_sigma_zcdp` computes it — the caller
     recomputes σ with that function when charging the ledger and refuses to publish on any
     difference; the noise is ``σ·Z[zrow]`` with ``Z[zrow]`` the step's standard-normal row (as
-    :meth:`stream_dp.privacy.noise.KeyedNoise.gaussian`; ``Z`` is its block). ``S`` holds the
+    :meth:`stream_dp.privacy.noise.KeyedNoise.gaussian`; ``Z = S.Z`` is its block). ``S`` holds the
     learner's arrays (:data:`ONE_STATE_FIELDS`): ``S.sched`` is ``(t0, T1, every, horizon)``,
     ``S.fp`` ``(α, radius, α of the step size)``; ``S.out`` receives ``(mode, Δ_t, σ, penalty,
     penalty recorded, ring row of the release, whether the release's eigenpairs were kept)``.
-    The plan runs on the real tracker state and buffer ids.
+    The plan runs on the real tracker state and buffer ids. For a FIFO buffer (``S.fifo``) the
+    write is planned here into ``S.off``/``S.slots``/``S.nb`` and the ring advanced, as
+    :meth:`stream_dp.buffers.FIFOBuffer.plan_writes` and ``advance`` would.
     """
     mode, eta, bound, N, Y = S.mode, S.eta, S.bound, S.N, S.Y
     sched, ip, out = S.sched, S.ip, S.out
+    off, slots, nb = S.off, S.slots, S.nb
+    sched[0] = t0
+    ring = S.ring
+    if S.fifo:
+        n = ring[0]
+        slots[0] = ring[1]
+        nb[0] = n
+        nb[1] = min(n + 1, ring[2])
     plan_chunk(
         sched[0], sched[1], sched[2], sched[3], S.fp[2], False, off, slots, nb, S.bids, S.tst,
         S.tsb, S.shared, S.distinct, S.consts, mode, eta, bound,
@@ -625,7 +644,7 @@ def step_one(S, x, y, w, rho, Z, zrow, off, slots, nb):
     if (mode[0] & (LEARN | RELEASE)) == (LEARN | RELEASE):
         sens = bound[0]
         sigma = sens / math.sqrt(2.0 * rho) if sens > 0 else 1e-300
-        N[0] = sigma * Z[zrow]
+        N[0] = sigma * S.Z[zrow]
     X = x.reshape((1, x.shape[0]))
     Y[0] = y
     pen, penok = S.pen, S.penok
@@ -641,6 +660,9 @@ def step_one(S, x, y, w, rho, Z, zrow, off, slots, nb):
     out[4] = penok[0]
     out[5] = (ip[IP_HEAD] - 1) % S.win.shape[0]
     out[6] = ip[IP_HAS_FACTORS]
+    if S.fifo and (mode[0] & WRITE) != 0:
+        ring[1] = (ring[1] + 1) % ring[2]
+        ring[0] = min(ring[0] + 1, ring[2])
 
 
 # -- backends ----------------------------------------------------------------------------------

@@ -205,11 +205,29 @@ class FIFOBuffer(Buffer):
     kind = "fifo"
 
     def __init__(self, size: int) -> None:
-        super().__init__()
         if int(size) < 1:
             raise ValueError(f"buffer size must be >= 1, got {size!r}")
+        # (members, ring head, size) in one array, which the compiled one-record step of the
+        # online learners (stream_dp._kernels.step_one) reads and advances in place.
+        self._ring = np.array([0, 0, int(size)], dtype=np.int64)
+        super().__init__()
         self.size = int(size)
-        self._next = 0
+
+    @property
+    def n(self) -> int:
+        return int(self._ring[0])
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self._ring[0] = value
+
+    @property
+    def _next(self) -> int:
+        return int(self._ring[1])
+
+    @_next.setter
+    def _next(self, value: int) -> None:
+        self._ring[1] = value
 
     @property
     def capacity(self) -> int:
@@ -221,7 +239,7 @@ class FIFOBuffer(Buffer):
             n, nb = self.n, one[2]
             one[1][0] = self._next
             nb[0] = n
-            nb[1] = n + 1 if n < self.size else n
+            nb[1] = min(n + 1, self.size)
             return one
         j = np.arange(m + 1, dtype=np.int64)
         return j, (self._next + j[:m]) % self.size, np.minimum(self.n + j, self.size)

@@ -172,13 +172,18 @@ class FeatureSchema:
                 # is what a conversion would give.
                 if last is not None and x is last[0] and vals == last[1] and radius == last[2]:
                     return last[3]
-                arr = self._values_array(vals)
-                if arr is not None:
+                try:
+                    arr = np.array(vals)
+                except (TypeError, ValueError, OverflowError):
+                    arr = None
+                if arr is not None and arr.dtype.char == "d" and arr.ndim == 1:
                     sq = np.vdot(arr, arr)
-                    if math.isfinite(sq):
-                        out = clip_norm(arr, radius, sq)
+                    if math.isfinite(sq):  # clip_norm, inlined: this runs for every record
+                        norm = math.sqrt(sq)
+                        out = arr * (radius / norm) if norm > radius else arr
                         self._last = (x, vals, radius, out)
                         return out
+                # ints, or anything else: the general path converts, or raises
         return clip_norm(self.to_array(x, learning=learning), radius)
 
     def _fast_dict(self, x: Mapping, check_finite: bool = True) -> np.ndarray | None:

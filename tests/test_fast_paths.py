@@ -508,3 +508,31 @@ def test_charge_gaussian_is_charge_of_the_event_bit_for_bit():
     with pytest.raises(BudgetExhausted):
         fast.charge_gaussian(ev.step + 1, 100.0, 1.0)
     assert fast.ledger == slow.ledger
+
+
+def test_charge_gaussian_refuses_exactly_where_charge_refuses_after_many_pending_costs():
+    """Thousands of charges (costs folded in batches), then the budget's edge: the event-free
+    path and ``charge`` accept and refuse the same charges and end with the same partials."""
+    from stream_dp.privacy import GaussianEvent
+    from stream_dp.privacy.accountant import BudgetExhausted, ZCDPAccountant
+
+    rng = np.random.default_rng(9)
+    fast, slow = ZCDPAccountant(1.0, 1e-5), ZCDPAccountant(1.0, 1e-5)
+    per = fast.rho_budget / 3000.0  # 3000 equal-cost charges use up the budget
+    for t in range(1, 4000):
+        sens = float(rng.uniform(0.5, 1.5))
+        sigma = sens / math.sqrt(2.0 * per) * float(rng.choice([1.0, 1.0 + 1e-12, 1.0 - 1e-12]))
+        outcomes = []
+        for acc, charge in (
+            (fast, lambda: fast.charge_gaussian(t, sens, sigma)),
+            (slow, lambda: slow.charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))),
+        ):
+            try:
+                charge()
+                outcomes.append(True)
+            except BudgetExhausted:
+                outcomes.append(False)
+        assert outcomes[0] == outcomes[1], f"step {t}: {outcomes}"
+    assert len(fast) == len(slow) < 3999  # the edge was reached
+    assert fast._partials == slow._partials and fast.rho_spent() == slow.rho_spent()
+    assert fast.rho_spent() <= fast.rho_budget and fast.ledger == slow.ledger and fast.verify()

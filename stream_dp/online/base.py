@@ -161,7 +161,6 @@ class PairwiseOnlineBase(base.Estimator):
         self._fast_one = False  # set once the dimension is known (_bind_state)
         self._one_state = None  # the kernel's view of the arrays above (see _one_step_state)
         self._one_src: tuple = ()
-        self._noise_block: tuple = (-1, None)  # (block index, standard-normal rows) of _step_one
         self._fast_noise = None
 
     # -- what the subclasses define ----------------------------------------------------------
@@ -253,7 +252,6 @@ class PairwiseOnlineBase(base.Estimator):
             # weakened noise) sends learn_one back to the general path.
             fusable = type(self._noise).gaussian is KeyedNoise.gaussian and rows_per_block(p) > 1
             self._fast_noise = self._noise if fusable else None
-            self._noise_block = (-1, None)
 
     def _set_flags(self) -> None:
         """Copy the parameters the data kernel reads into its integer state."""
@@ -264,7 +262,7 @@ class PairwiseOnlineBase(base.Estimator):
 
     def __getstate__(self) -> dict:
         # The compiled kernel's struct is rebuilt on demand; it cannot be pickled or copied.
-        return {**self.__dict__, "_one_state": None, "_one_src": (), "_noise_block": (-1, None)}
+        return {**self.__dict__, "_one_state": None, "_one_src": (), "_one_plan": ()}
 
     @property
     def step(self) -> int:
@@ -655,7 +653,11 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         """
         t0, buf, tracker = self._t, self._buffer, self._tracker
         t = t0 + 1
-        off, slots, nb = buf.plan_writes(t0, 1, self._noise)  # may grow the 'all' buffer
+        fifo = buf.kind == "fifo"
+        if not fifo:  # (a FIFO write is planned by the kernel, which advances the ring)
+            plan = buf.plan_writes(t0, 1, self._noise)  # may grow the 'all' buffer
+        w = self._w.copy()  # a new array: references to the previous _w stay valid
+        per_block = self._rows_per_block
         be = _kernels.backend()
         S, src = self._one_state, self._one_src
         if (
@@ -665,21 +667,17 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             or src[2] is not buf.ids
             or src[3] is not tracker._st
             or src[4] is not tracker.slot_bound
+            or src[5] != t // per_block
         ):
-            S = self._one_step_state(be)
-        self._sched[0] = t0
+            S = self._one_step_state(be, t // per_block)
+        if not fifo:
+            off, slots, nb = self._one_plan
+            k = len(plan[1])
+            off[1] = k
+            slots[:k] = plan[1]
+            nb[:] = plan[2]
         rho = self.accountant.rho_budget * self._schedule.share(self._n_charged + 1)
-        w = self._w.copy()  # a new array: references to the previous _w stay valid
-        per_block = self._rows_per_block
-        block_id, block = self._noise_block
-        if block_id != t // per_block:
-            block_id = t // per_block  # the rows of KeyedNoise.standard_row, a block at a time
-            block = self._noise._block(block_id, w.size, "release")
-            self._noise_block = (block_id, block)
-        be.step_one(
-            S, xv, yv, w if w.ndim == 1 else w.reshape(-1), rho, block, t % per_block, off,
-            slots, nb,
-        )  # fmt: skip
+        be.step_one(S, t0, xv, yv, w if w.ndim == 1 else w.reshape(-1), rho, t % per_block)
         self._w = w
         mode, sens, used_sigma, pen, scored, row, factors = self._one_out.tolist()
         released = int(mode) & RELEASE
@@ -698,7 +696,8 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             self.last_sigma, self.last_sensitivity = sigma, sens
         if scored and self.track_regret:
             self.regret.record(pen)
-        buf.advance(1)
+        if not fifo:
+            buf.advance(1)
         self._t = t
         if self.task == "metric":
             self._labels.encode(label)
@@ -710,13 +709,23 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             self._smoothed = None
             self._factors_step = t if factors else -1
 
-    def _one_step_state(self, backend: _kernels.Backend):
+    def _one_step_state(self, backend: _kernels.Backend, block: int):
         """The arrays :func:`stream_dp._kernels.step_one` works on, as one struct for ``backend``.
 
         Rebuilt whenever the buffer or the tracker replaced an array (a chunk adopts the
-        tracker's planned copies; the ``all`` buffer grows), or the backend changed.
+        tracker's planned copies; the ``all`` buffer grows), the backend changed, or the steps
+        reach the next block of noise rows (:meth:`KeyedNoise.standard_row`'s layout).
         """
         buf, tr = self._buffer, self._tracker
+        Z = self._noise._block(block, self._w.size, "release")
+        if buf.kind == "fifo":
+            off, slots, nb = buf._single()
+        else:  # _step_one copies each plan in: a reservoir plans fresh arrays every step
+            off, slots, nb = (
+                np.array([0, 0], np.int64), np.zeros(buf.capacity or 1, np.int64),
+                np.zeros(2, np.int64),
+            )  # fmt: skip
+        self._one_plan = (off, slots, nb)
         center = self._loss.center  # OnPairC draws w0 after binding, and again on restore
         center = self._zero_center if center is None else center.reshape(-1)
         S = backend.OneState(
@@ -724,10 +733,11 @@ class PrivateOnlineBase(PairwiseOnlineBase):
                 self._task_code, self._schema.dim, tr.shared, buf.distinct, center,
                 buf.X, buf.Y, buf.ids, tr._st, tr.slot_bound, tr._consts, self._sched, self._win,
                 self._ip, self._fp, self._one_out, self._lam, self._V,
+                buf._ring if buf.kind == "fifo" else None, off, slots, nb, Z,
             )
         )  # fmt: skip
         self._one_state = S
-        self._one_src = (backend.name, buf.X, buf.ids, tr._st, tr.slot_bound)
+        self._one_src = (backend.name, buf.X, buf.ids, tr._st, tr.slot_bound, block)
         return S
 
     def _withdraw_release(self) -> None:  # pragma: no cover - only after an internal error

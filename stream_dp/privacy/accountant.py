@@ -53,6 +53,7 @@ _GAUSSIAN = _MECH_CODES["gaussian"]
 # A sum this far below the budget is below it whatever the rounding of the running total (a few
 # ulps at most): 1e-9 relative is millions of ulps.
 _CLEARLY_BELOW = 1.0 - 1e-9
+_FOLD_EVERY = 1024  # pending costs folded into the exact partials in batches of at most this
 _APPROX = _MECH_CODES["gaussian-approx"]
 _KIND_CODES = {GaussianEvent: _GAUSSIAN, LaplaceEvent: 1, ApproxDPEvent: _APPROX}
 _NAN = math.nan
@@ -100,8 +101,26 @@ class _Ledger:
         # Shewchuk partials of the exact sum of the ledger's costs: fsum(partials) equals
         # fsum(costs of every event) bit for bit, at O(1) amortised cost per charge. This is not
         # a second counter: it is rebuilt from the ledger on load and checked by verify().
-        self._partials: list[float] = []
+        self._exact: list[float] = []
+        # Costs charged by charge_gaussian and not yet folded into the partials (at most
+        # _FOLD_EVERY, in charge order; every reader of the partials folds them first), and
+        # their plain float sum, which only the fast budget test reads.
+        self._pending: list[float] = []
+        self._pending_sum = 0.0
         self._dpartials: list[float] = []  # the same for the δ of (ε, δ) events
+
+    @property
+    def _partials(self) -> list[float]:
+        if self._pending:
+            self._fold()
+        return self._exact
+
+    def _fold(self) -> None:
+        grow, exact = self._grow, self._exact
+        for cost in self._pending:
+            grow(exact, cost)
+        self._pending = []
+        self._pending_sum = 0.0
 
     def _open(self) -> None:
         self._steps = array("q")
@@ -484,12 +503,14 @@ class ZCDPAccountant(_Ledger):
             self.charge(GaussianEvent(step=step, sensitivity=sensitivity, sigma=sigma))
             return
         cost = sensitivity**2 / (2.0 * sigma**2)  # GaussianEvent.rho, the same expression
-        partials = self._partials
+        exact = self._exact
         budget = self.rho_budget
-        # The last partial is the running sum to within an ulp, so far below the budget the
-        # exact test (an fsum over the partials) cannot fail; near it, the exact test decides.
-        if not (partials and partials[-1] + cost <= budget * _CLEARLY_BELOW) and not (
-            math.fsum([*partials, cost]) <= budget
+        # The last partial is the folded sum to within an ulp and the pending sum is within
+        # 1024 ulps of exact, so far below the budget the exact test (an fsum over all
+        # partials) cannot fail; near it, the exact test decides.
+        top = exact[-1] if exact else 0.0
+        if not (top + self._pending_sum + cost <= budget * _CLEARLY_BELOW) and not (
+            math.fsum([*self._partials, cost]) <= budget
         ):
             self.charge(GaussianEvent(step=step, sensitivity=sensitivity, sigma=sigma))
             return
@@ -499,7 +520,11 @@ class ZCDPAccountant(_Ledger):
         self._sens.append(sensitivity)
         self._scale.append(sigma)
         self._last = step
-        self._accumulate(cost)
+        pending = self._pending
+        pending.append(cost)
+        self._pending_sum += cost
+        if len(pending) >= _FOLD_EVERY:
+            self._fold()
         if len(steps) == CHUNK:
             self._seal()
 
