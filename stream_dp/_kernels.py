@@ -44,6 +44,8 @@ __all__ = [
     "backend",
     "cert_admit",
     "cert_step",
+    "descend",
+    "half_sq_dist",
     "contraction",
     "huai_step_size",
     "is_pos_def",
@@ -261,6 +263,41 @@ if NUMBA_INSTALLED:
             if task == 0:
                 return _auc_terms_loop_nb(w, s, x, y, X, Y, n, want_val, want_grad, g)
             return _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g)
+
+        return impl
+
+
+# -- the gradient step -------------------------------------------------------------------------
+def descend(w, g, n, eta, alpha, center):
+    """``w ← w − η(g/n + α(w − center))`` in place (the same operations, element by element,
+    under numba, where the loop saves six temporaries)."""
+    w[:] = w - eta * (g / n + alpha * (w - center))
+
+
+def half_sq_dist(s, center):
+    """``½‖s − center‖²``."""
+    r = s - center
+    return 0.5 * np.sum(r * r)
+
+
+if NUMBA_INSTALLED:
+
+    @overload(descend)
+    def _descend_nb(w, g, n, eta, alpha, center):
+        def impl(w, g, n, eta, alpha, center):
+            for i in range(w.shape[0]):
+                w[i] = w[i] - eta * (g[i] / n + alpha * (w[i] - center[i]))
+
+        return impl
+
+    @overload(half_sq_dist)
+    def _half_sq_dist_nb(s, center):
+        def impl(s, center):  # summed in order (NumPy sums pairwise: equal to ~1e-16)
+            acc = 0.0
+            for i in range(s.shape[0]):
+                r = s[i] - center[i]
+                acc += r * r
+            return 0.5 * acc
 
         return impl
 
@@ -507,12 +544,11 @@ def run_chunk(
         if n > 0 and (scored or learn):
             value = pair_terms(task, d, w, s, x, y, BX, BY, n, scored, learn, g) / n
         if scored:
-            r = s - center
-            pen[j] = value + 0.5 * alpha * np.sum(r * r)
+            pen[j] = value + alpha * half_sq_dist(s, center)
             penok[j] = 1
         if md & LEARN:
             if n > 0:
-                w[:] = w - eta[j] * (g / n + alpha * (w - center))
+                descend(w, g, n, eta[j], alpha, center)
                 if task == 0:
                     project_l2(w, radius)
                 else:

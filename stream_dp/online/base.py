@@ -656,7 +656,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         fifo = buf.kind == "fifo"
         if not fifo:  # (a FIFO write is planned by the kernel, which advances the ring)
             plan = buf.plan_writes(t0, 1, self._noise)  # may grow the 'all' buffer
-        w = self._w.copy()  # a new array: references to the previous _w stay valid
+        w = self._w  # updated in place (_w is private: nothing outside holds it)
         per_block = self._rows_per_block
         be = _kernels.backend()
         S, src = self._one_state, self._one_src
@@ -678,7 +678,6 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             nb[:] = plan[2]
         rho = self.accountant.rho_budget * self._schedule.share(self._n_charged + 1)
         be.step_one(S, t0, xv, yv, w if w.ndim == 1 else w.reshape(-1), rho, t % per_block)
-        self._w = w
         mode, sens, used_sigma, pen, scored, row, factors = self._one_out.tolist()
         released = int(mode) & RELEASE
         if released:
@@ -702,8 +701,10 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         if self.task == "metric":
             self._labels.encode(label)
         if released:  # what _sync_release reads from the kernel state, known here already
+            # A view of the ring row, which only a later release overwrites (and that release
+            # re-points _release); everything that hands a release out copies it.
             rel = self._win[int(row)]
-            self._release = rel.copy() if w.ndim == 1 else rel.reshape(w.shape).copy()
+            self._release = rel if w.ndim == 1 else rel.reshape(w.shape)
             self._release_step = t
             self._window_learned = True
             self._smoothed = None
@@ -741,9 +742,12 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         return S
 
     def _withdraw_release(self) -> None:  # pragma: no cover - only after an internal error
-        """Never serve an uncharged release: stop, and empty the window the kernel wrote into."""
+        """Never serve an uncharged release: stop, and empty the window the kernel wrote into
+        (the served release may be a view of it)."""
         self._exhausted = True
         self._ip[_kernels.IP_COUNT] = 0
+        self._win[:] = 0.0
+        self._release = None
 
     def _learn_validated(self, X: np.ndarray, Y: np.ndarray, labels) -> None:
         """Learn validated, clipped rows ``X`` with label codes ``Y`` (``labels`` as given)."""
