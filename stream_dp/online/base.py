@@ -192,7 +192,12 @@ class PairwiseOnlineBase(base.Estimator):
         fresh = schema.names is None
         try:
             xv = schema.to_clipped(x, self._radius, learning=True)
-            yv = auc_label(y) if self.task == "auc" else self._labels.encode(y, register=False)
+            if self.task != "auc":
+                yv = self._labels.encode(y, register=False)
+            elif y is True or y is False:  # auc_label's first case, without the call
+                yv = 1.0 if y else -1.0
+            else:
+                yv = auc_label(y)
         except InvalidRecord:
             if fresh:
                 schema.__init__(self.features)  # undo a schema taken from a rejected record
