@@ -85,11 +85,12 @@ def child(path: str, release_every: int, records: int, journal: bool = False) ->
         X, y = _chunk(i, n)
         if path == "many":
             model.learn_many(X, y)
-        else:
-            for row, label in zip(X.tolist(), y.tolist(), strict=True):
-                model.learn_one(dict(zip(names, row, strict=True)), label)
+        else:  # one dict at a time, as a stream delivers them (no list of n dicts alive)
+            for r in range(n):
+                model.learn_one(dict(zip(names, X[r].tolist(), strict=True)), bool(y[r]))
 
-    feed(0, WARM)
+    for i in range(WARM // CHUNK):  # the same chunk size as the measured part
+        feed(-1 - i, CHUNK)
     gc.collect()
     base_rss, base, base_charges = rss_bytes(), model.nbytes(), len(model.accountant)
     trace, t0, done = [], time.perf_counter(), 0

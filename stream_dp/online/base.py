@@ -78,6 +78,7 @@ def _kernel_task(loss: PairwiseLoss) -> int:
     )
 
 
+_CHUNK_ROWS = 2048
 _ONE = (0,)
 _NONE = ()
 
@@ -765,6 +766,9 @@ class PrivateOnlineBase(PairwiseOnlineBase):
                 return
             self._ensure_bound()
             j = m if self.horizon is None else min(m, i + int(self.horizon) - self._t)
+            # At most _CHUNK_ROWS per kernel call: the temporaries stay small (a long batch in
+            # one call left ~10 MB of freed-but-retained heap behind), the results are the same.
+            j = min(j, i + _CHUNK_ROWS)
             if self.track_regret and self.keep_history:
                 j = i + 1  # the history needs each step's partners
             consumed, refused = self._chunk(X[i:j], Y[i:j], labels[i:j])
