@@ -536,3 +536,18 @@ def test_charge_gaussian_refuses_exactly_where_charge_refuses_after_many_pending
     assert len(fast) == len(slow) < 3999  # the edge was reached
     assert fast._partials == slow._partials and fast.rho_spent() == slow.rho_spent()
     assert fast.rho_spent() <= fast.rho_budget and fast.ledger == slow.ledger and fast.verify()
+
+
+def test_a_long_batch_is_cut_into_kernel_calls_without_changing_anything() -> None:
+    """learn_many over more rows than one kernel call takes (_CHUNK_ROWS) equals learn_one."""
+    from stream_dp.online.base import _CHUNK_ROWS
+
+    n = 2 * _CHUNK_ROWS + 37
+    X, y = _stream(41, "auc", n=n)
+    make = _maker(dict(cls=OnPairStrC, task="auc", buffer="fifo:16", horizon=None))
+    one, many = make(), make()
+    for x, lab in zip(X, _labels(y), strict=True):
+        one.learn_one(x, lab)
+    many.learn_many(X, y)
+    assert many.step == one.step == n
+    _assert_same(_snapshot(one), _snapshot(many))
