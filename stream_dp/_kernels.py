@@ -139,6 +139,7 @@ def _eigh_ql(S):  # pragma: no cover - compiled with numba only
     hs = np.zeros(n)
     p = np.empty(n)
     q = np.empty(n)
+    u = np.empty(n)
     # 1. A = Q T Qᵀ: Householder reflections H_i = I − u uᵀ/h zero row i left of the subdiagonal.
     for i in range(n - 1, 0, -1):
         scale = 0.0
@@ -160,22 +161,23 @@ def _eigh_ql(S):  # pragma: no cover - compiled with numba only
             e[i] = scale * g
             h -= f * g
             A[i, i - 1] = f - g  # row i of A now holds u
+            u[:i] = A[i, :i]  # a separate copy lets LLVM vectorise the loops below
             K = 0.0
             for j in range(i):  # p = A u / h (A symmetric, both triangles kept up to date)
                 acc = 0.0
                 for k in range(i):
-                    acc += A[j, k] * A[i, k]
+                    acc += A[j, k] * u[k]
                 acc /= h
                 p[j] = acc
-                K += acc * A[i, j]
+                K += acc * u[j]
             K /= h + h
             for j in range(i):
-                q[j] = p[j] - K * A[i, j]
+                q[j] = p[j] - K * u[j]
             for j in range(i):  # A ← A − u qᵀ − q uᵀ on the leading i × i block
-                uj = A[i, j]
+                uj = u[j]
                 qj = q[j]
                 for k in range(i):
-                    A[j, k] -= uj * q[k] + qj * A[i, k]
+                    A[j, k] -= uj * q[k] + qj * u[k]
             hs[i] = h
         d[i] = A[i, i]
     d[0] = A[0, 0]
@@ -187,13 +189,14 @@ def _eigh_ql(S):  # pragma: no cover - compiled with numba only
         h = hs[i]
         if h == 0.0:
             continue
+        u[:i] = A[i, :i]
         for j in range(i):
             acc = 0.0
             for k in range(i):
-                acc += U[j, k] * A[i, k]
+                acc += U[j, k] * u[k]
             acc /= h
             for k in range(i):
-                U[j, k] -= acc * A[i, k]
+                U[j, k] -= acc * u[k]
     # 3. Implicit QL with Wilkinson-type shifts on T (d, e); rotations update rows of U.
     for i in range(1, n):
         e[i - 1] = e[i]
