@@ -16,7 +16,14 @@ from scipy import special
 
 from stream_dp._kernels import sym_eigh
 
-__all__ = ["AUCInterface", "MetricInterface", "PrivateMetricDistance", "psd_sqrt", "sqrt_from_eigh"]
+__all__ = [
+    "AUCInterface",
+    "MetricInterface",
+    "PrivateMetricDistance",
+    "psd_sqrt",
+    "sqrt_factors",
+    "sqrt_from_eigh",
+]
 
 _EPS = float(np.finfo(float).eps)
 
@@ -81,17 +88,31 @@ class AUCInterface(base.Classifier):
         return self.score_many(X) > 0.0
 
 
-def sqrt_from_eigh(lam: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """``V·diag(√λ)·Vᵀ``, eigenvalues at rounding level (≤ d·eps·max λ) treated as exactly 0.
+def sqrt_factors(lam: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(L, R)`` with ``L @ R = V·diag(√λ)·Vᵀ``: ``L = V₊·diag(√λ₊)``, ``R = V₊ᵀ``.
 
-    A PSD matrix rebuilt from its eigenpairs has its zero eigenvalues back only up to rounding
-    (±1e-17 instead of 0), and ``√1e-17 ≈ 3e-9`` would be pure rounding noise in the root;
-    cutting at the rounding level makes the root the same whether it is taken from the
-    eigenpairs the projection computed or from a fresh decomposition of the released matrix.
+    ``lam`` is ascending, as :func:`sym_eigh` returns it; ``V₊`` keeps the eigenvectors whose
+    eigenvalue is above the rounding level (≤ d·eps·max λ counts as exactly 0). A PSD matrix
+    rebuilt from its eigenpairs has its zero eigenvalues back only up to rounding (±1e-17
+    instead of 0), and ``√1e-17 ≈ 3e-9`` would be pure rounding noise in the root; cutting at
+    the rounding level makes the root the same whether it is taken from the eigenpairs the
+    projection computed or from a fresh decomposition of the released matrix. A noisy release
+    keeps about half of its eigenpairs, so ``L @ (R @ x)`` costs no more than one product with
+    the d × d root, and the root itself is never built.
     """
-    top = float(lam.max()) if lam.size else 0.0
-    keep = lam > lam.size * _EPS * max(top, 0.0)
-    return (V * np.sqrt(np.where(keep, lam, 0.0))) @ V.T
+
+    n = lam.shape[0]
+    top = float(lam[-1]) if n else 0.0
+    k = int(np.searchsorted(lam, n * _EPS * max(top, 0.0), side="right"))
+    Vk = V[:, k:]
+    return Vk * np.sqrt(lam[k:]), Vk.T.copy()  # copies: V may be a buffer the kernel reuses
+
+
+def sqrt_from_eigh(lam: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """``V·diag(√λ)·Vᵀ``, eigenvalues at rounding level (≤ d·eps·max λ) treated as exactly 0
+    (see :func:`sqrt_factors`)."""
+    L, R = sqrt_factors(lam, V)
+    return L @ R
 
 
 def psd_sqrt(W: np.ndarray) -> np.ndarray:
@@ -108,15 +129,17 @@ class MetricInterface(base.SupervisedTransformer):
     metric is the identity (a data-independent choice).
     """
 
-    def _sqrt(self, W: np.ndarray) -> np.ndarray:
+    def _apply_sqrt(self, W: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``W^{1/2} v``, from a per-release cache: the release's own eigenpairs when the
+        kernel kept them (no second eigendecomposition, no d × d root), else the root."""
         key = self._served_version()
         cache = self.__dict__.get("_sqrt_cache_v")
         if cache is None or cache[0] != key:
-            factors = self._served_factors()  # the release's own eigenpairs: no second eigh
-            root = psd_sqrt(W) if factors is None else sqrt_from_eigh(*factors)
-            cache = (key, root)
+            factors = self._served_factors()
+            cache = (key, psd_sqrt(W), None) if factors is None else (key, *sqrt_factors(*factors))
             self.__dict__["_sqrt_cache_v"] = cache
-        return cache[1]
+        _, L, R = cache
+        return L @ v if R is None else L @ (R @ v)
 
     def _served_factors(self) -> tuple[np.ndarray, np.ndarray] | None:
         return None
@@ -126,7 +149,7 @@ class MetricInterface(base.SupervisedTransformer):
         if v is None:
             return dict(x) if isinstance(x, dict) else {}
         W = self._served_weights()
-        out = v if W is None else self._sqrt(W) @ v
+        out = v if W is None else self._apply_sqrt(W, v)
         return self._schema.to_dict(out)
 
     def distance(self, a, b) -> float:
