@@ -18,6 +18,8 @@ import secrets
 
 import numpy as np
 
+from stream_dp import _kernels
+
 __all__ = ["BLOCK_VALUES", "MAX_ROWS_PER_BLOCK", "KeyedNoise", "PURPOSES", "rows_per_block"]
 
 # Each use of randomness gets its own counter lane, so e.g. the reservoir's coin flips can never
@@ -41,6 +43,51 @@ MAX_ROWS_PER_BLOCK = 1024
 # Blocked rows use their own counter lane (purpose + 256), so no block stream ever coincides with
 # a per-step stream of the same purpose.
 _BLOCK_LANE = 256
+
+
+def _standard_normal_rows(gen, m, n):  # pragma: no cover - compiled with numba only
+    return gen.standard_normal((m, n))
+
+
+# [the compiled block filler, or None where numba cannot be used], decided on first use.
+_COMPILED_FILL: list = []
+
+
+def _compiled_fill():
+    """numba's ``Generator.standard_normal``, if it reproduces NumPy's draws on a probe.
+
+    numba compiles NumPy's own algorithms for ``np.random.Generator`` (the ziggurat, over the
+    same bit generator), so the draws are NumPy's bit for bit at ~2.3× the speed: the bit
+    generator is called through its C interface and the ziggurat is inlined. The probe (two
+    blocks of a fixed key, ~65 000 values) guards against a numba or NumPy version whose
+    algorithms part: the values must stay those of NumPy, whatever the backend (SPEC §8).
+    """
+    if not _COMPILED_FILL:
+        fill = None
+        if _kernels.NUMBA_INSTALLED:
+            try:
+                fill = _kernels.numba.njit(cache=True)(_standard_normal_rows)
+                key = np.array([0x243F6A8885A308D3, 0x13198A2E03707344], dtype=np.uint64)
+                for block, shape in ((0, (64, 1024)), (7, (3, 5))):
+                    counter = np.array([0, 0, block, 0], dtype=np.uint64)
+                    ref = np.random.Generator(np.random.Philox(key=key, counter=counter))
+                    got = np.random.Generator(np.random.Philox(key=key, counter=counter))
+                    if not np.array_equal(fill(got, *shape), ref.standard_normal(shape)):
+                        fill = None
+                        break
+            except Exception:  # pragma: no cover - a numba without Generator support
+                fill = None
+        _COMPILED_FILL.append(fill)
+    return _COMPILED_FILL[0]
+
+
+def _standard_normal_block(bitgen: np.random.BitGenerator, m: int, n: int) -> np.ndarray:
+    """``Generator(bitgen).standard_normal((m, n))``, compiled when the kernels are."""
+    gen = np.random.Generator(bitgen)
+    fill = _compiled_fill() if _kernels.numba_active() else None
+    if fill is None:
+        return gen.standard_normal((m, n))
+    return fill(gen, m, n)
 
 
 def rows_per_block(size: int) -> int:
@@ -108,7 +155,7 @@ class KeyedNoise:
             return hit[1]
         counter = np.array([0, 0, block, PURPOSES[purpose] + _BLOCK_LANE], dtype=np.uint64)
         bitgen = np.random.Philox(key=self._key, counter=counter)
-        rows = np.random.Generator(bitgen).standard_normal((rows_per_block(size), size))
+        rows = _standard_normal_block(bitgen, rows_per_block(size), size)
         self._blocks[key] = (block, rows)
         return rows
 
