@@ -133,7 +133,18 @@ def _eigh_ql(S):  # pragma: no cover - compiled with numba only
     (it always converges on finite input; the cap only guards against non-finite input).
     """
     n = S.shape[0]
-    A = S.copy()
+    top = 0.0
+    for i in range(n):
+        for j in range(n):
+            top = max(top, abs(S[i, j]))
+    if top == 0.0:
+        return np.zeros(n), np.eye(n)
+    if not math.isfinite(top):
+        return np.linalg.eigh(S)
+    # Scale by a power of two (exact) so that the largest entry is in [0.5, 1): products of two
+    # entries, as in the QL sweep below, then neither overflow nor underflow where it matters.
+    expo = math.frexp(top)[1]
+    A = S * math.ldexp(1.0, -expo)
     d = np.empty(n)
     e = np.empty(n)
     hs = np.zeros(n)
@@ -261,7 +272,7 @@ def _eigh_ql(S):  # pragma: no cover - compiled with numba only
         d[l] += f
         e[l] = 0.0
     order = np.argsort(d)
-    return d[order], np.ascontiguousarray(U[order].T)
+    return d[order] * math.ldexp(1.0, expo), np.ascontiguousarray(U[order].T)
 
 
 if NUMBA_INSTALLED:
