@@ -173,14 +173,17 @@ def _eigh_ql(S):  # pragma: no cover - compiled with numba only
             h -= f * g
             A[i, i - 1] = f - g  # row i of A now holds u
             u[:i] = A[i, :i]  # a separate copy lets LLVM vectorise the loops below
+            # p = A u / h as a sum of rows of A (A is exactly symmetric: both triangles get the
+            # same update): axpys vectorise, dot products would not (no reassociation).
+            p[:i] = 0.0
+            for k in range(i):
+                uk = u[k]
+                for j in range(i):
+                    p[j] += uk * A[k, j]
             K = 0.0
-            for j in range(i):  # p = A u / h (A symmetric, both triangles kept up to date)
-                acc = 0.0
-                for k in range(i):
-                    acc += A[j, k] * u[k]
-                acc /= h
-                p[j] = acc
-                K += acc * u[j]
+            for j in range(i):
+                p[j] /= h
+                K += p[j] * u[j]
             K /= h + h
             for j in range(i):
                 q[j] = p[j] - K * u[j]
@@ -192,22 +195,26 @@ def _eigh_ql(S):  # pragma: no cover - compiled with numba only
             hs[i] = h
         d[i] = A[i, i]
     d[0] = A[0, 0]
-    # 2. U = Qᵀ = H_1 ··· H_{n−1}, built left to right so each H_i touches only U[:i, :i].
-    U = np.zeros((n, n))
+    # 2. Q = H_{n−1} ··· H_1, applied to I from the left (H_1 first) so that each H_i touches
+    #    only X[:i, :i]; uᵀX is a sum of rows (axpys, which vectorise). U = Qᵀ.
+    X = np.zeros((n, n))
     for i in range(n):
-        U[i, i] = 1.0
+        X[i, i] = 1.0
     for i in range(2, n):
         h = hs[i]
         if h == 0.0:
             continue
         u[:i] = A[i, :i]
-        for j in range(i):
-            acc = 0.0
-            for k in range(i):
-                acc += U[j, k] * u[k]
-            acc /= h
-            for k in range(i):
-                U[j, k] -= acc * u[k]
+        q[:i] = 0.0
+        for k in range(i):
+            uk = u[k]
+            for j in range(i):
+                q[j] += uk * X[k, j]
+        for k in range(i):
+            f = u[k] / h
+            for j in range(i):
+                X[k, j] -= f * q[j]
+    U = np.ascontiguousarray(X.T)
     # 3. Implicit QL with Wilkinson-type shifts on T (d, e); rotations update rows of U.
     for i in range(1, n):
         e[i - 1] = e[i]
