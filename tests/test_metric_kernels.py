@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from stream_dp import _kernels
-from stream_dp.online import OnPairStrC
+from stream_dp.online import OnPairStrC, interfaces
 from stream_dp.online.interfaces import psd_sqrt, sqrt_factors, sqrt_from_eigh
 from stream_dp.privacy import noise as noise_mod
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
@@ -114,6 +114,23 @@ def test_square_root_from_factors_is_the_square_root() -> None:
             np.testing.assert_allclose(psd_sqrt(P), root, rtol=0, atol=1e-7)  # cut at rounding
             x = rng.normal(size=d)
             np.testing.assert_allclose(L @ (R @ x), root @ x, rtol=0, atol=1e-14)
+
+
+def test_root_factors_are_the_same_on_both_backends() -> None:
+    rng = np.random.default_rng(4)
+    for d in (1, 3, 32):
+        for S in _symmetric_cases(rng, d)[:6]:
+            lam, V = np.linalg.eigh(_reference_projection(S / max(1.0, np.abs(S).max()), 1.0))
+            x = rng.normal(size=d)
+            for Vx in (V, np.ascontiguousarray(V)):  # LAPACK's layout and the kernel's
+                with _kernels.use_numba(False):
+                    L0, R0 = sqrt_factors(lam, Vx)
+                with _kernels.use_numba(True):
+                    L1, R1 = sqrt_factors(lam, Vx)
+                assert L0.tobytes() == L1.tobytes() and R0.tobytes() == R1.tobytes()
+                if interfaces._compiled_root() is not None:
+                    y = interfaces._compiled_root()[1](L1, R1, x)
+                    np.testing.assert_allclose(y, L0 @ (R0 @ x), rtol=0, atol=1e-14)
 
 
 def test_compiled_noise_blocks_are_numpys_bit_for_bit() -> None:

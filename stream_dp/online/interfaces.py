@@ -14,6 +14,7 @@ import numpy as np
 from river import base
 from scipy import special
 
+from stream_dp import _kernels
 from stream_dp._kernels import sym_eigh
 
 __all__ = [
@@ -100,12 +101,71 @@ def sqrt_factors(lam: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray
     keeps about half of its eigenpairs, so ``L @ (R @ x)`` costs no more than one product with
     the d × d root, and the root itself is never built.
     """
+    fns = _compiled_root()
+    if fns is not None:
+        return fns[0](lam, V, _sqrt_cut(lam))
+    return _root_factors(lam, V, _sqrt_cut(lam))
 
+
+def _sqrt_cut(lam: np.ndarray) -> float:
     n = lam.shape[0]
-    top = float(lam[-1]) if n else 0.0
-    k = int(np.searchsorted(lam, n * _EPS * max(top, 0.0), side="right"))
+    return n * _EPS * max(float(lam[-1]), 0.0) if n else 0.0
+
+
+def _root_factors(lam, V, cut):
+    k = int(np.searchsorted(lam, cut, side="right"))
     Vk = V[:, k:]
     return Vk * np.sqrt(lam[k:]), Vk.T.copy()  # copies: V may be a buffer the kernel reuses
+
+
+def _root_factors_loops(lam, V, cut):  # pragma: no cover - compiled with numba only
+    """:func:`_root_factors` element by element (the same products: bit for bit)."""
+    n = lam.shape[0]
+    k = 0
+    while k < n and lam[k] <= cut:
+        k += 1
+    m = n - k
+    L = np.empty((n, m))
+    R = np.empty((m, n))
+    for j in range(m):
+        r = math.sqrt(lam[k + j])
+        for i in range(n):
+            vij = V[i, k + j]
+            L[i, j] = vij * r
+            R[j, i] = vij
+    return L, R
+
+
+def _apply_factors_loops(L, R, v):  # pragma: no cover - compiled with numba only
+    """``L @ (R @ v)`` (summed in order; NumPy's BLAS sums in blocks: equal to ~1e-16)."""
+    m, n = R.shape
+    t = np.empty(m)
+    for j in range(m):
+        acc = 0.0
+        for i in range(n):
+            acc += R[j, i] * v[i]
+        t[j] = acc
+    out = np.empty(L.shape[0])
+    for i in range(L.shape[0]):
+        acc = 0.0
+        for j in range(m):
+            acc += L[i, j] * t[j]
+        out[i] = acc
+    return out
+
+
+# [(factors, apply) compiled], filled on first use with numba active: the transform of one
+# record is a handful of tiny array operations, where NumPy's per-call overhead dominates.
+_ROOT_NB: list = []
+
+
+def _compiled_root():
+    if not _kernels.numba_active():
+        return None
+    if not _ROOT_NB:
+        njit = _kernels.numba.njit(cache=True)
+        _ROOT_NB.append((njit(_root_factors_loops), njit(_apply_factors_loops)))
+    return _ROOT_NB[0]
 
 
 def sqrt_from_eigh(lam: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -139,7 +199,10 @@ class MetricInterface(base.SupervisedTransformer):
             cache = (key, psd_sqrt(W), None) if factors is None else (key, *sqrt_factors(*factors))
             self.__dict__["_sqrt_cache_v"] = cache
         _, L, R = cache
-        return L @ v if R is None else L @ (R @ v)
+        if R is None:
+            return L @ v
+        fns = _compiled_root()
+        return L @ (R @ v) if fns is None else fns[1](L, R, v)
 
     def _served_factors(self) -> tuple[np.ndarray, np.ndarray] | None:
         return None
