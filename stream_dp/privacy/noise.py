@@ -18,8 +18,6 @@ import secrets
 
 import numpy as np
 
-from stream_dp import _kernels
-
 __all__ = ["BLOCK_VALUES", "MAX_ROWS_PER_BLOCK", "KeyedNoise", "PURPOSES", "rows_per_block"]
 
 # Each use of randomness gets its own counter lane, so e.g. the reservoir's coin flips can never
@@ -63,6 +61,8 @@ def _compiled_fill():
     algorithms part: the values must stay those of NumPy, whatever the backend (SPEC §8).
     """
     if not _COMPILED_FILL:
+        from stream_dp import _kernels
+
         fill = None
         if _kernels.NUMBA_INSTALLED:
             try:
@@ -83,6 +83,8 @@ def _compiled_fill():
 
 def _standard_normal_block(bitgen: np.random.BitGenerator, m: int, n: int) -> np.ndarray:
     """``Generator(bitgen).standard_normal((m, n))``, compiled when the kernels are."""
+    from stream_dp import _kernels  # (imported here: numba is not needed to import this module)
+
     gen = np.random.Generator(bitgen)
     fill = _compiled_fill() if _kernels.numba_active() else None
     if fill is None:
