@@ -360,22 +360,47 @@ def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):
     return value
 
 
+def _row_dots(A, B):
+    """``Σ_j A[k, j]·B[k, j]`` for every row k (a product with a vector of ones: BLAS).
+
+    Under numba a loop instead (no n × d temporary; each row summed in order, so the sums may
+    differ from BLAS's in the last bit).
+    """
+    return np.dot(A * B, np.ones(A.shape[1]))
+
+
+if NUMBA_INSTALLED:
+
+    @overload(_row_dots)
+    def _row_dots_nb(A, B):
+        def impl(A, B):
+            n, m = A.shape
+            out = np.empty(n)
+            for k in range(n):
+                acc = 0.0
+                for j in range(m):
+                    acc += A[k, j] * B[k, j]
+                out[k] = acc
+            return out
+
+        return impl
+
+
 @_jitable
 def _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g):
     """Metric learning: ``δᵀWδ`` for all partners at once, gradient ``−Dᵀdiag(φ'·c)D``.
 
-    The quadratic forms are row sums taken as a product with a vector of ones, and the gradient
-    scales the rows of D (contiguous) rather than the columns of Dᵀ: both stay in BLAS.
+    The quadratic forms are :func:`_row_dots` of ``D·W`` and ``D``, and the gradient scales the
+    rows of D (contiguous) rather than the columns of Dᵀ, so it stays one BLAS product.
     """
     D = x - X[:n]
     c = np.where(Y[:n] == y, 1.0, -1.0)
-    ones = np.ones(d)
     value = 0.0
     if want_val:
-        u_s = np.dot(np.dot(D, s.reshape((d, d))) * D, ones)
+        u_s = _row_dots(np.dot(D, s.reshape((d, d))), D)
         value = np.sum(_phi(c * (1.0 - u_s)))
     if want_grad:
-        u_w = np.dot(np.dot(D, w.reshape((d, d))) * D, ones)
+        u_w = _row_dots(np.dot(D, w.reshape((d, d))), D)
         coef = -_dphi(c * (1.0 - u_w)) * c
         g[:] = np.dot(D.T, D * coef.reshape((n, 1))).ravel()
     return value
