@@ -282,7 +282,15 @@ def _eigh_ql(S):  # pragma: no cover - compiled with numba only
         d[l] += f
         e[l] = 0.0
     order = np.argsort(d)
-    return d[order] * math.ldexp(1.0, expo), np.ascontiguousarray(U[order].T)
+    lam = np.empty(n)
+    V = np.empty((n, n))
+    back = math.ldexp(1.0, expo)
+    for j in range(n):  # ascending, eigenvectors as columns (one pass, no temporaries)
+        o = order[j]
+        lam[j] = d[o] * back
+        for i in range(n):
+            V[i, j] = U[o, i]
+    return lam, V
 
 
 if NUMBA_INSTALLED:
