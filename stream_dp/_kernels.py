@@ -9,17 +9,19 @@ are compiled with them through :func:`numba.extending.register_jitable`; without
 ``STREAM_DP_NUMBA=0`` in the environment, or inside ``with use_numba(False):``, the very same
 functions run as ordinary Python. There is no second implementation to drift.
 
-Three small primitives have two bodies, because CPython and numba reach LAPACK and the special
-functions differently: :func:`sym_eigh` (SciPy's ``dsyevd`` in Python; under numba
-:func:`_eigh_ql`, a Householder + implicit QL eigensolver that is ~40 % faster than ``dsyevd`` at
-d = 32), :func:`is_pos_def` (a Cholesky factorisation that succeeds) and the logistic
-``φ``/``φ'`` of :mod:`stream_dp.losses`. The other linear algebra is bit-for-bit identical on both
-paths (numba and SciPy share SciPy's OpenBLAS/LAPACK, which agree with NumPy's at these sizes);
-the two eigensolvers are both backward stable, so metric projections agree to ~d·eps·‖S‖, and
-``exp``/``log1p`` may differ in the last bit, so penalties and iterates agree to ~1e-15, not
-bitwise. Everything privacy-relevant — certified sensitivities, σ, the ledger, which slots a
-record fills — is computed without transcendental functions or eigendecompositions and is
-bit-for-bit identical, and so is the noise (NumPy's own draws on both paths).
+A few small primitives have two bodies, because CPython and numba reach LAPACK and the special
+functions differently, or because a loop beats NumPy's temporaries only when compiled:
+:func:`sym_eigh` (SciPy's ``dsyevd`` in Python; under numba :func:`_eigh_ql`, a Householder +
+implicit QL eigensolver that is ~40 % faster than ``dsyevd`` at d = 32), :func:`is_pos_def` (a
+Cholesky factorisation that succeeds), the logistic ``φ``/``φ'`` of :mod:`stream_dp.losses`,
+:func:`_row_dots` and the loops of the gradient step. The other linear algebra is bit-for-bit
+identical on both paths (numba and SciPy share SciPy's OpenBLAS/LAPACK, which agree with NumPy's
+at these sizes); the two eigensolvers are both backward stable, so metric projections agree to
+~d·eps·‖S‖, and ``exp``/``log1p`` and the order of some sums may differ in the last bit, so
+penalties and iterates agree to ~1e-15, not bitwise. Everything privacy-relevant — certified
+sensitivities, σ, the ledger, which slots a record fills — is computed without transcendental
+functions or eigendecompositions and is bit-for-bit identical, and so is the noise (NumPy's own
+draws on both paths).
 
 Why LAPACK through SciPy: NumPy's bundled OpenBLAS multi-threads inside ``eigh`` even for a
 32 × 32 matrix, which on a busy two-core machine cost 1–5 ms per call instead of ~70 µs.
