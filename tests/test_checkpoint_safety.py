@@ -295,3 +295,27 @@ def test_a_valid_rewrite_still_loads(saved):
     _rewrite_header(path, lambda h: None)
     ck = load_checkpoint(path, model_id="m1", params=model._get_params())
     assert ck.learner_state["t"] == 30
+
+
+def test_a_restored_metric_learner_does_not_serve_a_root_cached_before_the_restore() -> None:
+    """Loading a checkpoint taken at the same release step as a live, different learner must not
+    reuse the live learner's cached W̃^{1/2}: transform_one follows the restored release."""
+    import numpy as np
+
+    from stream_dp.online import OnPairStrC
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(scale=0.5, size=(40, 3))
+    y = rng.integers(0, 2, size=40)
+    params = dict(task="metric", epsilon=4.0, warmup=5, buffer="fifo:8", horizon=None)
+    a, b = OnPairStrC(seed=1, **params), OnPairStrC(seed=2, **params)
+    for x, lab in zip(X, y, strict=True):
+        a.learn_one({f"x{i}": v for i, v in enumerate(x)}, int(lab))
+        b.learn_one({f"x{i}": v for i, v in enumerate(x)}, int(lab))
+    probe = {"x0": 0.3, "x1": -0.2, "x2": 0.1}
+    before = a.transform_one(probe)  # caches a's root at its release step
+    assert a.release_step == b.release_step
+    a.load_state_dict(b.state_dict())
+    after, expected = a.transform_one(probe), b.transform_one(probe)
+    assert after != before
+    assert after == pytest.approx(expected, rel=1e-12, abs=1e-12)

@@ -754,6 +754,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         self._ip[_kernels.IP_COUNT] = 0
         self._win[:] = 0.0
         self._release = None
+        self._factors_step = -1
 
     def _learn_validated(self, X: np.ndarray, Y: np.ndarray, labels) -> None:
         """Learn validated, clipped rows ``X`` with label codes ``Y`` (``labels`` as given)."""
@@ -1076,6 +1077,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             ip[_kernels.IP_RELEASE_STEP] = int(state["release_step"])
         self._smoothed = None
         self._factors_step = -1
+        self.__dict__.pop("_sqrt_cache_v", None)  # a metric root cached for the old state
         self._certain = 0
         self._window_learned = bool(state["window_learned"])
         self._exhausted = bool(state["exhausted"])
