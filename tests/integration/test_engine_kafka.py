@@ -198,13 +198,22 @@ def _wait_for_step(status: Path, above: int, proc: subprocess.Popen, timeout: fl
     raise AssertionError(f"engine did not pass step {above} within {timeout}s")
 
 
-def test_sigkill_three_times_loses_nothing(kafka_broker: KafkaBroker, unique_name, tmp_path):
+@pytest.mark.parametrize("journal", [False, True], ids=["ledger-in-checkpoint", "ledger-journal"])
+def test_sigkill_three_times_loses_nothing(
+    kafka_broker: KafkaBroker, unique_name, tmp_path, journal: bool
+):
+    """Three SIGKILLs at random points: every record learned once, every release charged once.
+
+    With ``checkpoint.ledger_journal`` the stream is long enough (> 2 chunks of 8192 charges)
+    for sealed chunks to sit in the journal when the engine is killed.
+    """
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
-    n = 8_000
+    n = 18_000 if journal else 8_000
     produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
     cfg = engine_config(tmp_path, bootstrap, names, seed=None)
     cfg["checkpoint"]["every_records"] = 300
+    cfg["checkpoint"]["ledger_journal"] = journal
     config_path = tmp_path / "engine.toml"
     _write_toml(config_path, cfg)
     log = tmp_path / "engine.log"
@@ -229,11 +238,19 @@ def test_sigkill_three_times_loses_nothing(kafka_broker: KafkaBroker, unique_nam
     check_release_stream(releases, n, epsilon=2.0)
     # The ledger in the checkpoint is the one the releases advertise.
     final = max(releases, key=lambda r: r.step)
-    ledger = accountant_from_dict(ckpt.learner_state["accountant"])
+    acc_state = ckpt.learner_state["accountant"]
+    if journal:  # the checkpoint names its journal relative to itself
+        assert acc_state["kind"] == "journal:zcdp"
+        path = cfg["checkpoint"]["path"] + ".ledger"
+        acc_state = {**acc_state, "journal": {**acc_state["journal"], "path": path}}
+    ledger = accountant_from_dict(acc_state)
     events = ledger.ledger
     assert math.fsum(e.rho for e in events) == ledger.rho_spent() == final.rho_spent
     assert len({e.step for e in events}) == len(events), "a step was charged twice"
     assert ledger.verify()
+    if journal:
+        assert ledger.journal is not None and ledger.journal.file_nbytes() > 0
+        ledger.close()
 
 
 BAD_KINDS = [
