@@ -49,6 +49,7 @@ __all__ = [
     "backend",
     "cert_admit",
     "cert_step",
+    "decay_bounds",
     "descend",
     "half_sq_dist",
     "contraction",
@@ -592,6 +593,34 @@ def slot_multiplicity(ids, n):
     return out
 
 
+def decay_bounds(b, q, e, diam):
+    """``b ← min(diam, q·b + e)`` in place (n ≥ 1 slots); returns ``max(b)``. Under numba one
+    loop, without temporaries: the same operations element by element, so the same bits."""
+    b[:] = np.minimum(diam, q * b + e)
+    return b.max()
+
+
+if NUMBA_INSTALLED:
+
+    @overload(decay_bounds)
+    def _decay_bounds_nb(b, q, e, diam):
+        def impl(b, q, e, diam):
+            top = -np.inf
+            nan = False
+            for i in range(b.shape[0]):
+                v = q * b[i] + e
+                if diam < v or diam != diam:  # np.minimum(diam, v), NaN propagating
+                    v = diam
+                b[i] = v
+                if v > top:
+                    top = v
+                elif v != v:
+                    nan = True
+            return np.nan if nan else top
+
+        return impl
+
+
 @_jitable
 def cert_step(st, sb, shared, distinct, G, alpha, L, diam, eta, n, ids):
     """One gradient step of the certified recurrence; returns the bound ``Δ_t``.
@@ -615,10 +644,10 @@ def cert_step(st, sb, shared, distinct, G, alpha, L, diam, eta, n, ids):
     else:
         b = sb[:n]
         if distinct:
-            b[:] = np.minimum(diam, q * b + e)
+            members = decay_bounds(b, q, e, diam)
         else:  # a record in m slots contributes m partner terms; its slots share one bound
             b[:] = np.minimum(diam, q * b + e * slot_multiplicity(ids, n))
-        members = b.max()
+            members = b.max()
     st[2] = min(diam, 2.0 * G * eta)
     cur = max(members, st[1])
     cur = max(cur, st[2])

@@ -551,3 +551,20 @@ def test_a_long_batch_is_cut_into_kernel_calls_without_changing_anything() -> No
     many.learn_many(X, y)
     assert many.step == one.step == n
     _assert_same(_snapshot(one), _snapshot(many))
+
+
+def test_decay_bounds_compiled_equals_numpy_bit_for_bit() -> None:
+    """The certified recurrence's slot update: the numba loop gives NumPy's bits and maximum."""
+    if not _kernels.NUMBA_INSTALLED:
+        pytest.skip("numba is not installed")
+    import numba
+
+    compiled = numba.njit(lambda b, q, e, diam: _kernels.decay_bounds(b, q, e, diam))
+    rng = np.random.default_rng(17)
+    for n in (1, 2, 7, 64, 257):
+        b = rng.uniform(0.0, 2.0, size=n)
+        for q, e, diam in ((0.999, 1e-3, 1.5), (1.0, 0.0, 2.0), (0.5, 0.7, 0.9)):
+            ref, got = b.copy(), b.copy()
+            top_ref = _kernels.decay_bounds(ref, q, e, diam)
+            top_got = compiled(got, q, e, diam)
+            assert got.tobytes() == ref.tobytes() and top_got == top_ref
