@@ -178,9 +178,8 @@ class FeatureSchema:
                     arr = None
                 if arr is not None and arr.dtype.char == "d" and arr.ndim == 1:
                     sq = np.vdot(arr, arr)
-                    if math.isfinite(sq):  # clip_norm, inlined: this runs for every record
-                        norm = math.sqrt(sq)
-                        out = arr * (radius / norm) if norm > radius else arr
+                    if math.isfinite(sq):
+                        out = clip_norm(arr, radius, sq)
                         self._last = (x, vals, radius, out)
                         return out
                 # ints, or anything else: the general path converts, or raises

@@ -79,6 +79,15 @@ def _kernel_task(loss: PairwiseLoss) -> int:
 
 
 _CHUNK_ROWS = 2048
+
+
+def _release_sigma(sensitivity: float, rho: float) -> float:
+    """σ of a release: ``gaussian_sigma_zcdp``, and a positive σ for a zero sensitivity (the
+    release then carries no information about the data, and a Gaussian event needs σ > 0).
+    :func:`stream_dp._kernels.step_one` mirrors this rule; the two are compared every step."""
+    return gaussian_sigma_zcdp(sensitivity, rho) if sensitivity > 0 else 1e-300
+
+
 _ONE = (0,)
 _NONE = ()
 
@@ -640,10 +649,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             and self._noise is self._fast_noise
             and self.T1 <= self._t < self._t_stop
             and not self._exhausted
-            and (
-                (self._certain > 0 and len(self.accountant) == self._n_charged)
-                or self._charges_cannot_fail(1)
-            )
+            and self._charges_cannot_fail(1)
         ):
             self._step_one(xv, yv, y)
             return
@@ -687,7 +693,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         mode, sens, used_sigma, pen, scored, row, factors = self._one_out.tolist()
         released = int(mode) & RELEASE
         if released:
-            sigma = gaussian_sigma_zcdp(sens, rho) if sens > 0 else 1e-300
+            sigma = _release_sigma(sens, rho)
             if sigma != used_sigma:  # pragma: no cover - the kernel and the mechanism must agree
                 self._withdraw_release()
                 raise RuntimeError(f"step {t}: noise used σ={used_sigma!r}, ledger σ={sigma!r}")
@@ -707,14 +713,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         if self.task == "metric":
             self._labels.encode(label)
         if released:  # what _sync_release reads from the kernel state, known here already
-            # A view of the ring row, which only a later release overwrites (and that release
-            # re-points _release); everything that hands a release out copies it.
-            rel = self._win[int(row)]
-            self._release = rel if w.ndim == 1 else rel.reshape(w.shape)
-            self._release_step = t
-            self._window_learned = True
-            self._smoothed = None
-            self._factors_step = t if factors else -1
+            self._adopt_release(int(row), t, True, bool(factors))
 
     def _one_step_state(self, backend: _kernels.Backend, block: int):
         """The arrays :func:`stream_dp._kernels.step_one` works on, as one struct for ``backend``.
@@ -873,12 +872,23 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             return
         if ip[_kernels.IP_COUNT] == 0:
             return
-        row = self._win[(ip[_kernels.IP_HEAD] - 1) % self._win.shape[0]]
-        self._release = row.reshape(self._w.shape).copy()  # the ring row is reused later
+        self._adopt_release(
+            int((ip[_kernels.IP_HEAD] - 1) % self._win.shape[0]), step,
+            bool(ip[_kernels.IP_LEARNED]), bool(ip[_kernels.IP_HAS_FACTORS]),
+        )  # fmt: skip
+
+    def _adopt_release(self, row: int, step: int, learned: bool, has_factors: bool) -> None:
+        """Serve the release the kernel wrote into ring row ``row`` at ``step``.
+
+        ``_release`` is a view of that row: only a later release overwrites it, and that
+        release is adopted here in turn; everything that hands a release out copies it.
+        """
+        rel = self._win[row]
+        self._release = rel if self._w.ndim == 1 else rel.reshape(self._w.shape)
         self._release_step = step
-        self._window_learned = bool(ip[_kernels.IP_LEARNED])
+        self._window_learned = learned
         self._smoothed = None
-        self._factors_step = step if ip[_kernels.IP_HAS_FACTORS] else -1
+        self._factors_step = step if has_factors else -1
 
     def _charge(self, t: int, bound: float, dry_run: bool = False):
         """Charge the release of step t (σ from the schedule and the bound); None if refused.
@@ -894,7 +904,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             self._become_exhausted(t, "the horizon's budget is spent")
             return None
         rho = self.accountant.rho_budget * share
-        sigma = gaussian_sigma_zcdp(sens, rho) if sens > 0 else 1e-300
+        sigma = _release_sigma(sens, rho)
         event = GaussianEvent(step=t, sensitivity=sens, sigma=sigma)
         if dry_run:
             self._n_charged += 1

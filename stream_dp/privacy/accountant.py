@@ -25,6 +25,7 @@ from stream_dp.privacy.events import (
     GaussianEvent,
     LaplaceEvent,
     event_from_dict,
+    gaussian_rho,
 )
 from stream_dp.privacy.journal import Journal, JournalError
 
@@ -502,7 +503,7 @@ class ZCDPAccountant(_Ledger):
         ):
             self.charge(GaussianEvent(step=step, sensitivity=sensitivity, sigma=sigma))
             return
-        cost = sensitivity**2 / (2.0 * sigma**2)  # GaussianEvent.rho, the same expression
+        cost = gaussian_rho(sensitivity, sigma)
         exact = self._exact
         budget = self.rho_budget
         # The last partial is the folded sum to within an ulp and the pending sum is within
@@ -530,7 +531,7 @@ class ZCDPAccountant(_Ledger):
 
     def _row_cost(self, code: int, sens: float, scale: float, eps: float, delta: float) -> float:
         if code == _GAUSSIAN:
-            return sens**2 / (2.0 * scale**2)  # GaussianEvent.rho, the same expression
+            return gaussian_rho(sens, scale)
         return super()._row_cost(code, sens, scale, eps, delta)
 
     def rho_spent(self) -> float:

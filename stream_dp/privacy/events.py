@@ -11,7 +11,22 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["GaussianEvent", "LaplaceEvent", "ApproxDPEvent", "Event"]
+__all__ = ["GaussianEvent", "LaplaceEvent", "ApproxDPEvent", "Event", "gaussian_rho"]
+
+
+def gaussian_rho(sensitivity: float, sigma: float) -> float:
+    """The zCDP cost ``Δ²/(2σ²)`` of one Gaussian release (Bun & Steinke 2016, Prop. 1.6).
+
+    The one expression every Gaussian cost is computed with (events, ledger rows, the
+    event-free charge), so all of them agree bit for bit.
+
+    Examples
+    --------
+    >>> gaussian_rho(1.0, 2.0)
+    0.125
+
+    """
+    return sensitivity**2 / (2.0 * sigma**2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +55,7 @@ class GaussianEvent:
 
     @property
     def rho(self) -> float:
-        return self.sensitivity**2 / (2.0 * self.sigma**2)
+        return gaussian_rho(self.sensitivity, self.sigma)
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "rho": self.rho}
