@@ -75,7 +75,7 @@ def child(path: str, release_every: int, records: int, journal: bool = False) ->
     names = tuple(f"x{i:02d}" for i in range(D))
     model = OnPairStrC(
         task="auc", epsilon=1.0, alpha=1.0, warmup=10, buffer=BUFFER, release_every=release_every,
-        seed=7, features=names, track_regret=True, keep_history=False,
+        seed=7, reproducible=True, features=names, track_regret=True, keep_history=False,
     )  # fmt: skip
     tmp = tempfile.TemporaryDirectory()
     if journal:

@@ -365,7 +365,9 @@ def figure_job(args):
         Xn, yn = X[idx[:n]], y[idx[:n]]
         Yn = np.where(yn == 1, 1.0, -1.0)
         alpha = LAMBDA_AUC if algo == "OnPairStrC" else n**-0.25  # Huai §5; OnPairC: α = n^{-1/4}
-        giga = _run_online(PairwiseGIGA(task="auc", alpha=alpha, seed=perm), Xn, yn)
+        giga = _run_online(
+            PairwiseGIGA(task="auc", alpha=alpha, seed=perm, reproducible=True), Xn, yn
+        )
         out[(n, "PairwiseGIGA (non-private)")] = _objective(giga, giga.weights, Xn, Yn)
         cls = OnPairStrC if algo == "OnPairStrC" else OnPairC
         for eps in FIG_EPS:

@@ -401,6 +401,8 @@ class ReleaseMessage(BaseModel):
         The (epsilon, delta)-DP equivalent of ``rho_spent``.
     exhausted : bool
         True once the budget is used up: this is the final release.
+    private : bool, default True
+        False for a run with an explicit (guessable) noise seed: such releases are not private.
     time : float, default now
         Unix seconds when the release was made.
 
@@ -432,6 +434,7 @@ class ReleaseMessage(BaseModel):
     epsilon_spent: float = Field(ge=0)
     delta: float = Field(ge=0, lt=1)
     exhausted: bool
+    private: bool = True
     time: float = Field(default_factory=time.time)
 
     @field_validator("shape")

@@ -94,7 +94,7 @@ def choose_alpha(cls: type, n: int, preferred: float, max_fraction: float = MAX_
     """
 
     def t1(alpha: float) -> int:
-        return cls(task="auc", alpha=alpha, horizon=None, seed=0).T1
+        return cls(task="auc", alpha=alpha, horizon=None).T1
 
     limit = max_fraction * n
     if t1(preferred) <= limit:
@@ -151,7 +151,7 @@ class DemoSettings:
     datasets: tuple[str, ...] = ("bank", "pima")
     epsilons: tuple[float, ...] = (1.0, 4.0, 16.0)
     max_records: int | None = None
-    seed: int = 0
+    seed: int | None = None
     plot: bool = True
     quiet: bool = False
     jobs: int = 2
@@ -250,7 +250,13 @@ def _plan_models(n: int, name: str, epsilons: Sequence[float]) -> list[ModelResu
     return out
 
 
-def _make_learner(res: ModelResult, seed: int, keep_history: bool = True):
+def _noise_words(seed: int | None) -> str:
+    if seed is None:
+        return "fresh secrets from the OS (a private run; numbers vary a little between runs)"
+    return f"reproducible seed {seed} (NOT private: for tests and debugging)"
+
+
+def _make_learner(res: ModelResult, seed: int | None, keep_history: bool = True):
     """The learner a result stub describes (public constructors only)."""
     common = dict(
         task="auc",
@@ -259,6 +265,7 @@ def _make_learner(res: ModelResult, seed: int, keep_history: bool = True):
         data_radius=DATA_RADIUS,
         model_radius=MODEL_RADIUS,
         seed=seed,
+        reproducible=seed is not None,
         track_regret=keep_history,
         keep_history=keep_history,
     )
@@ -327,7 +334,7 @@ def _drain(queue, progress: _Progress) -> None:
             return
 
 
-def _learn_task(res: ModelResult, seed: int, max_records: int | None) -> tuple:
+def _learn_task(res: ModelResult, seed: int | None, max_records: int | None) -> tuple:
     """Stream one learner (in a worker or inline); returns the result and its release lines."""
     data, X_test = _prepared(res.dataset, max_records)
     lines: list[str] = []
@@ -339,7 +346,9 @@ def _learn_task(res: ModelResult, seed: int, max_records: int | None) -> tuple:
     return res, lines
 
 
-def _spread_task(res: ModelResult, seeds: Sequence[int], max_records: int | None) -> list[float]:
+def _spread_task(
+    res: ModelResult, seeds: Sequence[int | None], max_records: int | None
+) -> list[float]:
     """Test AUC of the same learner under other noise seeds (small data varies a lot)."""
     data, X_test = _prepared(res.dataset, max_records)
     out = []
@@ -539,8 +548,8 @@ def _results_markdown(
         "# stream-dp demo results",
         "",
         f"Command settings: datasets = {', '.join(settings.datasets)}; ε targets = "
-        f"{', '.join(f'{e:g}' for e in settings.epsilons)}; δ = {DELTA:g}; noise seed = "
-        f"{settings.seed}; max records = {settings.max_records or 'all'}. "
+        f"{', '.join(f'{e:g}' for e in settings.epsilons)}; δ = {DELTA:g}; noise: "
+        f"{_noise_words(settings.seed)}; max records = {settings.max_records or 'all'}. "
         f"Total wall time {total_seconds:.1f} s.",
         "",
         "## Results",
@@ -709,7 +718,9 @@ def run_demo(settings: DemoSettings) -> list[ModelResult]:
     spread = [
         r for r in results if r.epsilon_target is not None and r.n < SEED_SPREAD_BELOW
     ]  # small data: the same learner under 10 other noise seeds
-    seeds = list(range(settings.seed + 1, settings.seed + 11))
+    seeds: list[int | None] = (
+        [None] * 10 if settings.seed is None else list(range(settings.seed + 1, settings.seed + 11))
+    )
     total = sum(r.n for r in results)
     say(f"\nlearning: {len(results)} learners, {total:,} steps, {jobs} process(es)")
     done: dict[int, tuple] = {}
@@ -825,7 +836,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stream at most N records per dataset (the test split is unchanged)",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="secret seed of the release noise (default: 0)"
+        "--seed",
+        type=int,
+        default=None,
+        help="make the run reproducible with this noise seed; such a run is NOT private and its "
+        "releases say so (default: a fresh secret from the OS, a private run)",
     )
     parser.add_argument(
         "--jobs",

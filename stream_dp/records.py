@@ -1,6 +1,6 @@
 """Records: the fixed feature schema, labels, and the norm clip that the privacy proof needs.
 
-SPEC §1: every ``x`` is clipped to ``‖x‖₂ ≤ R`` before it touches the model or the buffer (the
+Every ``x`` is clipped to ``‖x‖₂ ≤ R`` before it touches the model or the buffer (the
 Lipschitz constants hold only for clipped data); non-finite values are rejected, never learned
 from; the feature space (names, order, d) is fixed before the first record — it is schema, not
 data. Features are ordered by name so that two learners fed the same records with their keys in
@@ -37,7 +37,8 @@ def _is_number(v: object) -> bool:
 
 
 class FeatureSchema:
-    """Feature names and their order; fixed from config or from the first learned record.
+    """Feature names and their order: declared up front, or (non-private use only) taken from the
+    first learned record. An int ``d`` stands for the names ``x0 … x{d−1}`` of array input.
 
     Examples
     --------
@@ -48,16 +49,25 @@ class FeatureSchema:
     ('a', 'b')
     >>> s.to_array({"a": 3.0}, learning=True)  # a missing feature is 0, as in river
     array([3., 0.])
+    >>> s.to_array({"a": 1.0, "z": 5.0}, learning=True), s.last_unknown  # unknown: ignored
+    (array([1., 0.]), True)
 
     """
 
-    def __init__(self, names: Sequence[Hashable] | None = None) -> None:
+    def __init__(self, names: Sequence[Hashable] | int | None = None) -> None:
         self.names: tuple | None = None
+        #: Accepted records that carried features outside the schema (those were ignored). The
+        #: learner counts a record once it has accepted it (a rejected record leaves no trace).
+        self.unknown_records = 0
+        #: Whether the last converted record carried features outside the schema.
+        self.last_unknown = False
         self._index: dict = {}
         self._getter: operator.itemgetter | None = None
         # (dict, values, radius, clipped vector) of the last dict to_clipped converted; the vector
         # is shared with the caller, so nothing may write into what to_clipped returns.
         self._last: tuple | None = None
+        if isinstance(names, int | np.integer) and not isinstance(names, bool):
+            names = tuple(f"x{i}" for i in range(int(names)))
         if names is not None:
             self._set(tuple(names))
 
@@ -72,7 +82,7 @@ class FeatureSchema:
 
     def __getstate__(self) -> dict:
         # The conversion cache holds a raw record: never pickle or copy it with the model.
-        return {**self.__dict__, "_last": None}
+        return {**self.__dict__, "_last": None, "last_unknown": False}
 
     @property
     def dim(self) -> int | None:
@@ -85,8 +95,10 @@ class FeatureSchema:
     def to_array(self, x: Mapping | Sequence | np.ndarray, *, learning: bool) -> np.ndarray:
         """Turn a record's features into a float vector in schema order.
 
-        When learning, an unknown feature is an error (it would silently change d); when
-        predicting, unknown features carry no weight and are ignored. Missing features are 0.
+        Features outside the schema are ignored (they carry no weight; learned records that had
+        any are counted in ``unknown_records``), missing features are 0, as in river. Without a
+        declared schema the first learned record's keys become the schema (non-private
+        learners only: a private learner needs the schema before any data).
         Raises :class:`InvalidRecord` for non-numeric or non-finite values.
         """
         if isinstance(x, Mapping):
@@ -118,6 +130,7 @@ class FeatureSchema:
         )
 
     def _dict_to_array(self, x: Mapping, learning: bool) -> np.ndarray:
+        self.last_unknown = False
         fast = self._fast_dict(x)
         if fast is not None:
             return fast
@@ -138,17 +151,14 @@ class FeatureSchema:
             self._set(tuple(sorted(x, key=_sort_key)))
         out = np.zeros(len(self.names))
         index = self._index
+        unknown = False
         for k, v in x.items():
             i = index.get(k)
-            if i is None:
-                if learning:
-                    raise InvalidRecord(
-                        "unknown_feature",
-                        f"unknown feature {k!r}; the schema is fixed to {len(self.names)} "
-                        "features (set `features=` to declare them up front)",
-                    )
+            if i is None:  # not part of the model: ignored (and counted when learning)
+                unknown = True
                 continue
             out[i] = v
+        self.last_unknown = unknown
         return out
 
     def to_clipped(self, x, radius: float, *, learning: bool) -> np.ndarray:
@@ -158,6 +168,7 @@ class FeatureSchema:
         then raises as :meth:`to_array` does) and to clip.
         """
         names = self.names
+        self.last_unknown = False
         if isinstance(x, dict) and names is not None and len(x) == len(names):
             try:
                 vals = self._getter(x)

@@ -140,7 +140,7 @@ def test_trial_learner_is_the_production_learner():
     obs, claim = target.observe(True, 12345)
     direct = OnPairStrC(
         task="auc", epsilon=EPS, delta=DELTA, horizon=4, alpha=design.alpha, warmup=1,
-        seed=12345, model_id="audit", track_regret=False,
+        seed=12345, reproducible=True, model_id="audit", track_regret=False,
     )  # fmt: skip
     expected = []
     for x, y in design.stream(True):

@@ -35,8 +35,18 @@ MAGIC = b"STREAMDP-CKPT\n"
 
 
 def _trained(cls=OnPairStrC, task="auc", n=30, **params):
-    kw = dict(task=task, epsilon=1.0, delta=1e-5, horizon=200, alpha=1.0, warmup=5, seed=11,
-              buffer=8, model_id="m1")  # fmt: skip
+    kw = dict(
+        task=task,
+        epsilon=1.0,
+        delta=1e-5,
+        horizon=200,
+        alpha=1.0,
+        warmup=5,
+        seed=11,
+        reproducible=True,
+        buffer=8,
+        model_id="m1",
+    )
     kw.update(params)
     model = cls(**kw)
     rng = np.random.default_rng(0)
@@ -308,7 +318,10 @@ def test_a_restored_metric_learner_does_not_serve_a_root_cached_before_the_resto
     X = rng.normal(scale=0.5, size=(40, 3))
     y = rng.integers(0, 2, size=40)
     params = dict(task="metric", epsilon=4.0, warmup=5, buffer="fifo:8", horizon=None)
-    a, b = OnPairStrC(seed=1, **params), OnPairStrC(seed=2, **params)
+    a, b = (
+        OnPairStrC(seed=1, reproducible=True, **params),
+        OnPairStrC(seed=2, reproducible=True, **params),
+    )
     for x, lab in zip(X, y, strict=True):
         a.learn_one({f"x{i}": v for i, v in enumerate(x)}, int(lab))
         b.learn_one({f"x{i}": v for i, v in enumerate(x)}, int(lab))

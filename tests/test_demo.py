@@ -116,20 +116,27 @@ def test_demo_without_matplotlib_skips_the_png(tmp_path, capsys, monkeypatch):
     assert "skipped: matplotlib is not installed" in (out / "results.md").read_text("utf-8")
 
 
-def test_demo_default_out_dir_and_reproducible(tmp_path, capsys, monkeypatch):
+def test_demo_default_out_dir_private_by_default_and_reproducible_on_request(
+    tmp_path, capsys, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     argv = ["--dataset", "pima", "--epsilons", "4", "--no-plot", "--quiet"]
     _run(["--jobs", "2", *argv], capsys)
     (first,) = list(tmp_path.glob("stream-dp-demo-*"))
-    _run(["--out", str(tmp_path / "again"), "--jobs", "1", *argv], capsys)
-    a = (first / "releases.jsonl").read_text().splitlines()
-    b = (tmp_path / "again" / "releases.jsonl").read_text().splitlines()
+    _run(["--out", str(tmp_path / "fresh"), "--jobs", "1", *argv], capsys)
+    _run(["--out", str(tmp_path / "s1"), "--jobs", "2", "--seed", "5", *argv], capsys)
+    _run(["--out", str(tmp_path / "s2"), "--jobs", "1", "--seed", "5", *argv], capsys)
 
-    def messages(lines):  # a wall-clock "time" field, if release messages carry one, may differ
+    def messages(folder):  # a wall-clock "time" field, if release messages carry one, may differ
+        lines = (folder / "releases.jsonl").read_text().splitlines()
         return [{k: v for k, v in json.loads(x).items() if k != "time"} for x in lines]
 
-    assert len(a) > 10
-    assert messages(a) == messages(b)  # same --seed: same releases, in 2 processes or in 1
+    a, b = messages(first), messages(tmp_path / "fresh")
+    assert len(a) > 10 and all(m["private"] for m in a + b)
+    assert a != b  # no seed: every run draws fresh secrets, so its noise is its own
+    r1, r2 = messages(tmp_path / "s1"), messages(tmp_path / "s2")
+    assert not any(m["private"] for m in r1)  # a reproducible run says it is not private
+    assert r1 == r2  # same --seed: same releases, in 2 processes or in 1
 
 
 def test_bad_arguments_are_rejected(capsys):
@@ -170,9 +177,17 @@ def test_demo_scores_equal_the_river_interface():
     """The demo's fast AUC (clipped test matrix @ smoothed release) is what score_one serves."""
     data = prepare("pima", max_records=300)
     model = OnPairStrC(
-        task="auc", epsilon=8.0, horizon=300, alpha=1.0, buffer=128, seed=1, release_every=10,
-        smoothing_window=20, predict_with="smoothed",
-    )  # fmt: skip
+        task="auc",
+        epsilon=8.0,
+        horizon=300,
+        alpha=1.0,
+        buffer=128,
+        seed=1,
+        reproducible=True,
+        release_every=10,
+        smoothing_window=20,
+        predict_with="smoothed",
+    )
     for x, y in zip(data.X_stream, data.y_stream, strict=True):
         model.learn_one(x, bool(y))
     X_test = np.stack([clip_norm(x, 1.0) for x in data.X_test])
@@ -199,7 +214,7 @@ def test_readme_python_example_runs(capsys):
     code = readme.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert "T1=80" in out and "('age', 'income')" in out
+    assert "T1=80" in out and "('income', 'age')" in out and "NOT PRIVATE" not in out
 
 
 def _fake_ci(tmp_path: Path, with_kafka: bool) -> tuple[Path, dict]:

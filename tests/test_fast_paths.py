@@ -181,7 +181,9 @@ CONFIGS = {
 def _maker(cfg: dict):
     cfg = dict(cfg)
     cls = cfg.pop("cls")
-    params = dict(epsilon=2.0, delta=1e-5, alpha=1.0, warmup=5, seed=11, model_id="fast")
+    params = dict(
+        epsilon=2.0, delta=1e-5, alpha=1.0, warmup=5, seed=11, reproducible=True, model_id="fast"
+    )
     params.update(cfg)
 
     def make(seed: int = 11):
@@ -244,7 +246,15 @@ def test_a_refused_release_mid_batch_is_handled_as_one_record_at_a_time() -> Non
     X, y = _stream(7, "auc")
 
     def make(seed: int = 3):
-        m = OnPairStrC(task="auc", alpha=1.0, warmup=5, horizon=N, buffer="fifo:6", seed=seed)
+        m = OnPairStrC(
+            task="auc",
+            alpha=1.0,
+            warmup=5,
+            horizon=N,
+            buffer="fifo:6",
+            seed=seed,
+            reproducible=True,
+        )
         m.accountant.charge(GaussianEvent(step=0, sensitivity=1.0, sigma=1.0 / math.sqrt(
             2 * 0.97 * m.accountant.rho_budget)))  # fmt: skip
         m._n_charged = 0  # the learner's own count; the foreign event is not one of its releases
@@ -449,7 +459,15 @@ def test_a_noise_subclass_overriding_gaussian_keeps_control_of_the_release() -> 
 @pytest.mark.parametrize("task", ["auc", "metric"])
 def test_state_stays_constant_once_the_buffer_is_full(task: str) -> None:
     """FIFO buffer, regret without history: nothing but the ledger grows with the stream."""
-    m = OnPairStrC(task=task, alpha=1.0, warmup=5, buffer="fifo:16", seed=1, keep_history=False)
+    m = OnPairStrC(
+        task=task,
+        alpha=1.0,
+        warmup=5,
+        buffer="fifo:16",
+        seed=1,
+        reproducible=True,
+        keep_history=False,
+    )
     X, y = _stream(30, task, n=3000)
     m.learn_many(X[:100], y[:100])
     sizes = m.nbytes()
@@ -470,14 +488,30 @@ def test_state_stays_constant_once_the_buffer_is_full(task: str) -> None:
 
 def test_the_all_buffer_warns_above_its_configured_size() -> None:
     X, y = _stream(31, "auc", n=200)
-    m = OnPairStrC(task="auc", alpha=1.0, warmup=5, buffer="all", max_buffer_warning=50, seed=2)
+    m = OnPairStrC(
+        task="auc",
+        alpha=1.0,
+        warmup=5,
+        buffer="all",
+        max_buffer_warning=50,
+        seed=2,
+        reproducible=True,
+    )
     with pytest.warns(ResourceWarning, match="O\\(n·d\\)"):
         m.learn_many(X[:120], y[:120])
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResourceWarning)  # once, not per record
         m.learn_many(X[120:], y[120:])
         m.learn_one(X[0], bool(y[0]))
-    one = OnPairStrC(task="auc", alpha=1.0, warmup=5, buffer="all", max_buffer_warning=50, seed=2)
+    one = OnPairStrC(
+        task="auc",
+        alpha=1.0,
+        warmup=5,
+        buffer="all",
+        max_buffer_warning=50,
+        seed=2,
+        reproducible=True,
+    )
     with pytest.warns(ResourceWarning):
         for x, lab in zip(X[:60], _labels(y[:60]), strict=True):
             one.learn_one(x, lab)

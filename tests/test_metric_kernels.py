@@ -16,6 +16,7 @@ from stream_dp.online import OnPairStrC, interfaces
 from stream_dp.online.interfaces import psd_sqrt, sqrt_factors, sqrt_from_eigh
 from stream_dp.privacy import noise as noise_mod
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
+from stream_dp.privacy.secrets import derive_key
 
 __all__: list[str] = []
 
@@ -139,7 +140,7 @@ def test_compiled_noise_blocks_are_numpys_bit_for_bit() -> None:
     for size in (3, 32, 64 * 64, 32 * 32):
         B = rows_per_block(size)
         steps = [0, 1, B - 1, B, 5 * B + 3]
-        for purpose in ("release", "init"):
+        for purpose in ("release", "warmup"):
             with _kernels.use_numba(True):
                 fast = [KeyedNoise(secret=21, model_id="q").standard_row(t, size, purpose)
                         for t in steps]  # fmt: skip
@@ -150,8 +151,9 @@ def test_compiled_noise_blocks_are_numpys_bit_for_bit() -> None:
                 assert a.tobytes() == b.tobytes()
     # and both are NumPy's own standard normals for the block's Philox stream
     noise = KeyedNoise(secret=21, model_id="q")
-    counter = np.array([0, 0, 1, 1 + 256], dtype=np.uint64)
-    gen = np.random.Generator(np.random.Philox(key=noise._key, counter=counter))
+    counter = np.array([0, 0, 1, 1], dtype=np.uint64)  # block 1, the blocked lane
+    key = derive_key(21, "release", "q")
+    gen = np.random.Generator(np.random.Philox(key=key, counter=counter))
     expected = gen.standard_normal((rows_per_block(1024), 1024))
     with _kernels.use_numba(True):
         got = noise.standard_row(rows_per_block(1024) + 2, 1024)
@@ -163,7 +165,7 @@ def _run(numba: bool, X: np.ndarray, y: np.ndarray, batched: bool):
     with _kernels.use_numba(numba):
         m = OnPairStrC(
             task="metric", epsilon=1.0, delta=1e-5, horizon=None, alpha=1.0, warmup=10,
-            buffer="fifo:64", release_every=1, seed=2026, features=names,
+            buffer="fifo:64", release_every=1, seed=2026, reproducible=True, features=names,
         )  # fmt: skip
         releases, transforms = [], []
         if batched:

@@ -53,7 +53,7 @@ def test_horizon_paper_sigma_matches_the_spec_formula(alg, task: str) -> None:
     n, alpha = 60, 2.0
     model = alg(
         task=task, epsilon=EPS, delta=DELTA, horizon=n, alpha=alpha, sensitivity="paper",
-        conversion="paper", seed=1, track_regret=False,
+        conversion="paper", seed=1, reproducible=True, track_regret=False,
     )  # fmt: skip
     # G from SPEC §2 and §6: AUC 4R, metric 4R²; OnPairStrC adds α·D, OnPairC α·diam(C).
     G0 = 4 * R if task == "auc" else 4 * R**2
@@ -85,9 +85,19 @@ def test_anytime_sigma_is_certified_sensitivity_over_root_two_rho_k(
     buffer: str, release_every: int, p: float
 ) -> None:
     model = OnPairStrC(
-        task="auc", epsilon=EPS, delta=DELTA, horizon=None, alpha=1.0, buffer=buffer,
-        warmup=8, anytime_p=p, release_every=release_every, seed=2, track_regret=False,
-    )  # fmt: skip
+        task="auc",
+        epsilon=EPS,
+        delta=DELTA,
+        horizon=None,
+        alpha=1.0,
+        buffer=buffer,
+        warmup=8,
+        anytime_p=p,
+        release_every=release_every,
+        seed=2,
+        reproducible=True,
+        track_regret=False,
+    )
     rho = rho_from_epsilon(EPS, DELTA)
     zeta = float(special.zeta(p, 1))
     X, y = _stream(1, 70, 3, "auc")
@@ -112,7 +122,7 @@ def test_horizon_certified_sigma_splits_rho_over_the_releases(release_every: int
     n = 50
     model = OnPairStrC(
         task="metric", epsilon=EPS, delta=DELTA, horizon=n, alpha=1.0, buffer="fifo:5",
-        warmup=9, release_every=release_every, seed=3, track_regret=False,
+        warmup=9, release_every=release_every, seed=3, reproducible=True, track_regret=False,
     )  # fmt: skip
     n_rel = math.ceil((n - 9) / release_every)
     rho = rho_from_epsilon(EPS, DELTA)
@@ -139,9 +149,19 @@ def test_budget_is_spent_by_the_horizon_and_never_overrun(
 ) -> None:
     n = 40
     model = OnPairStrC(
-        task="auc", epsilon=EPS, delta=DELTA, horizon=n, alpha=1.0, buffer="fifo:4", warmup=10,
-        conversion=conversion, release_every=release_every, seed=4, track_regret=False,
-    )  # fmt: skip
+        task="auc",
+        epsilon=EPS,
+        delta=DELTA,
+        horizon=n,
+        alpha=1.0,
+        buffer="fifo:4",
+        warmup=10,
+        conversion=conversion,
+        release_every=release_every,
+        seed=4,
+        reproducible=True,
+        track_regret=False,
+    )
     budget = model.accountant.rho_budget
     X, y = _stream(3, 2 * n, 3, "auc")
     for t in range(1, 2 * n + 1):
@@ -163,9 +183,17 @@ def test_budget_is_spent_by_the_horizon_and_never_overrun(
 
 def test_anytime_schedule_never_overruns_a_long_stream() -> None:
     model = OnPairStrC(
-        task="auc", epsilon=0.5, delta=DELTA, alpha=1.0, buffer="fifo:4", warmup=5, seed=5,
-        anytime_p=1.01, track_regret=False,
-    )  # fmt: skip
+        task="auc",
+        epsilon=0.5,
+        delta=DELTA,
+        alpha=1.0,
+        buffer="fifo:4",
+        warmup=5,
+        seed=5,
+        reproducible=True,
+        anytime_p=1.01,
+        track_regret=False,
+    )
     X, y = _stream(4, 3000, 2, "auc")
     for t in range(3000):
         model.learn_one(X[t], y[t])
@@ -202,7 +230,7 @@ def test_a_refused_release_exhausts_the_learner(quiet_exhaustion) -> None:
     # If the accountant refuses a release (here: its budget was mostly spent elsewhere), the
     # learner must not publish, must not charge, and keeps serving its last release.
     model = OnPairStrC(task="auc", epsilon=EPS, delta=DELTA, horizon=30, alpha=1.0, warmup=4,
-                       buffer=4, seed=15, track_regret=False)  # fmt: skip
+                       buffer=4, seed=15, reproducible=True, track_regret=False)  # fmt: skip
     rho = 0.999 * model.accountant.rho_budget
     model.accountant.charge(GaussianEvent(0, 1.0, gaussian_sigma_zcdp(1.0, rho)))
     X, y = _stream(9, 10, 3, "auc")
@@ -221,7 +249,7 @@ def test_noise_plan_is_the_ledger_before_any_data(buffer: str) -> None:
     # σ_t depends only on steps, constants and (keyed) buffer membership: the plan computed
     # without data must be exactly what the run charges.
     kw = dict(task="auc", epsilon=EPS, delta=DELTA, horizon=40, alpha=1.0, buffer=buffer,
-              warmup=6, release_every=3, seed=6, track_regret=False)  # fmt: skip
+              warmup=6, release_every=3, seed=6, reproducible=True, track_regret=False)  # fmt: skip
     plan = OnPairStrC(**kw).noise_plan()
     model = OnPairStrC(**kw)
     X, y = _stream(5, 40, 3, "auc")
@@ -248,7 +276,7 @@ def test_release_noise_has_variance_sigma_squared_over_2000_seeds() -> None:
     for seed in range(n_seeds):
         model = OnPairStrC(
             task="auc", epsilon=1000.0, delta=DELTA, horizon=3, warmup=2, alpha=1.0,
-            model_radius=100.0, seed=seed, track_regret=False,
+            model_radius=100.0, seed=seed, reproducible=True, track_regret=False,
         )  # fmt: skip
         for i in range(3):
             model.learn_one(X[i], y[i])
@@ -276,7 +304,7 @@ def test_release_is_projected_iterate_plus_keyed_noise_at_the_ledger_sigma(
     with _kernels.use_numba(numba):
         model = OnPairStrC(
             task=task, epsilon=EPS, delta=DELTA, horizon=30, alpha=1.0, warmup=5,
-            buffer="fifo:5", seed=11, model_id="m-7", track_regret=False,
+            buffer="fifo:5", seed=11, reproducible=True, model_id="m-7", track_regret=False,
         )  # fmt: skip
         keyed = KeyedNoise(secret=11, model_id="m-7")
         X, y = _stream(6, 30, 3, task)
@@ -301,7 +329,7 @@ def test_noise_of_a_step_does_not_depend_on_the_data() -> None:
     def noises(seed_data: int) -> list[np.ndarray]:
         model = OnPairStrC(
             task="auc", epsilon=1000.0, delta=DELTA, horizon=12, warmup=2, alpha=1.0,
-            model_radius=100.0, seed=9, track_regret=False,
+            model_radius=100.0, seed=9, reproducible=True, track_regret=False,
         )  # fmt: skip
         X, y = _stream(seed_data, 12, 3, "auc")
         out = []
@@ -323,7 +351,7 @@ def test_noise_of_a_step_does_not_depend_on_the_data() -> None:
 @pytest.mark.parametrize("buffer", ["all", "reservoir:5"])
 def test_same_seed_same_stream_gives_bit_identical_releases(alg, buffer: str) -> None:
     kw = dict(task="metric", epsilon=EPS, delta=DELTA, horizon=40, alpha=1.0, buffer=buffer,
-              warmup=6, seed=12, track_regret=False)  # fmt: skip
+              warmup=6, seed=12, reproducible=True, track_regret=False)  # fmt: skip
     a, b, other = alg(**kw), alg(**kw), alg(**{**kw, "seed": 13})
     X, y = _stream(7, 40, 3, "metric")
     differs = 0
@@ -339,8 +367,19 @@ def test_same_seed_same_stream_gives_bit_identical_releases(alg, buffer: str) ->
 @pytest.mark.parametrize("alg", [OnPairStrC, OnPairC])
 @pytest.mark.parametrize("buffer", ["all", "fifo:5", "reservoir:5"])
 def test_checkpoint_and_replay_reproduce_releases_and_ledger(alg, buffer: str) -> None:
-    kw = dict(task="auc", epsilon=EPS, delta=DELTA, horizon=50, alpha=1.0, buffer=buffer,
-              warmup=6, smoothing_window=3, seed=14, track_regret=False)  # fmt: skip
+    kw = dict(
+        task="auc",
+        epsilon=EPS,
+        delta=DELTA,
+        horizon=50,
+        alpha=1.0,
+        buffer=buffer,
+        warmup=6,
+        smoothing_window=3,
+        seed=14,
+        reproducible=True,
+        track_regret=False,
+    )
     X, y = _stream(8, 50, 3, "auc")
     original = alg(**kw)
     for t in range(20):

@@ -57,11 +57,13 @@ def _assert_same_state(a, b) -> None:
 @pytest.mark.parametrize("task", ["auc", "metric"])
 @pytest.mark.parametrize("alpha,R", [(1.0, 1.0), (0.5, 1.0), (2.0, 0.5), (100.0, 1.0)])
 def test_T1_is_the_papers_warmup(task: str, alpha: float, R: float) -> None:
-    model = OnPairStrC(task=task, alpha=alpha, data_radius=R, horizon=10**6, seed=0)
+    model = OnPairStrC(
+        task=task, alpha=alpha, data_radius=R, horizon=10**6, seed=0, reproducible=True
+    )
     L = (4 * R**2 if task == "auc" else 4 * R**4) + alpha  # SPEC §2 with the regulariser
     assert model.T1 == max(math.ceil(16 * L / alpha**2), 7)
     assert f"T1={model.T1}" in model.describe()
-    assert OnPairStrC(task=task, alpha=alpha, warmup=3, seed=0).T1 == 3
+    assert OnPairStrC(task=task, alpha=alpha, warmup=3, seed=0, reproducible=True).T1 == 3
 
 
 def test_horizon_inside_the_warmup_is_rejected() -> None:
@@ -75,7 +77,9 @@ def test_horizon_inside_the_warmup_is_rejected() -> None:
 @pytest.mark.parametrize("alg", [OnPairStrC, OnPairC])
 def test_each_step_is_projected_gradient_descent_with_huai_eta(alg, task: str) -> None:
     alpha, T1, n = 0.8, 6, 30
-    model = alg(task=task, alpha=alpha, warmup=T1, horizon=n, buffer="fifo:7", seed=3)
+    model = alg(
+        task=task, alpha=alpha, warmup=T1, horizon=n, buffer="fifo:7", seed=3, reproducible=True
+    )
     X, y = _stream(1, n, task=task)
     C = L2Ball(1.0) if task == "auc" else PSDFrobeniusBall(1.0)
     for t in range(1, n + 1):
@@ -97,7 +101,7 @@ def test_each_step_is_projected_gradient_descent_with_huai_eta(alg, task: str) -
 
 
 def test_warmup_releases_are_free_random_and_data_independent() -> None:
-    kw = dict(task="auc", alpha=1.0, warmup=12, horizon=40, seed=5)
+    kw = dict(task="auc", alpha=1.0, warmup=12, horizon=40, seed=5, reproducible=True)
     a, b = OnPairStrC(**kw), OnPairStrC(**kw)
     Xa, ya = _stream(2, 12)
     Xb, yb = _stream(3, 12)
@@ -115,7 +119,9 @@ def test_warmup_releases_are_free_random_and_data_independent() -> None:
 
 
 def test_auc_predictions_use_the_release_not_the_iterate() -> None:
-    model = OnPairStrC(task="auc", alpha=1.0, warmup=5, horizon=50, buffer="fifo:6", seed=6)
+    model = OnPairStrC(
+        task="auc", alpha=1.0, warmup=5, horizon=50, buffer="fifo:6", seed=6, reproducible=True
+    )
     X, y = _stream(4, 30)
     _feed(model, X, y)
     w_rel = model.private_weights
@@ -128,7 +134,9 @@ def test_auc_predictions_use_the_release_not_the_iterate() -> None:
 
 
 def test_metric_predictions_use_the_release_not_the_iterate() -> None:
-    model = OnPairStrC(task="metric", alpha=1.0, warmup=5, horizon=50, buffer=6, seed=7)
+    model = OnPairStrC(
+        task="metric", alpha=1.0, warmup=5, horizon=50, buffer=6, seed=7, reproducible=True
+    )
     X, y = _stream(6, 30, task="metric")
     _feed(model, X, y)
     W = model.private_weights
@@ -144,9 +152,16 @@ def test_metric_predictions_use_the_release_not_the_iterate() -> None:
 
 def test_smoothed_predictions_use_the_smoothed_release() -> None:
     model = OnPairStrC(
-        task="auc", alpha=1.0, warmup=5, horizon=50, buffer=6, seed=8, smoothing_window=4,
+        task="auc",
+        alpha=1.0,
+        warmup=5,
+        horizon=50,
+        buffer=6,
+        seed=8,
+        reproducible=True,
+        smoothing_window=4,
         predict_with="smoothed",
-    )  # fmt: skip
+    )
     X, y = _stream(7, 30)
     _feed(model, X, y)
     x = np.array([0.2, -0.5, 0.3])
@@ -155,7 +170,9 @@ def test_smoothed_predictions_use_the_smoothed_release() -> None:
 
 
 def test_exhausted_learner_keeps_serving_its_last_release() -> None:
-    model = OnPairStrC(task="auc", alpha=1.0, warmup=5, horizon=20, buffer=4, seed=9)
+    model = OnPairStrC(
+        task="auc", alpha=1.0, warmup=5, horizon=20, buffer=4, seed=9, reproducible=True
+    )
     X, y = _stream(8, 30)
     _feed(model, X, y, stop=20)
     last, ledger = model.private_weights, model.accountant.ledger
@@ -179,7 +196,9 @@ def test_exhausted_learner_keeps_serving_its_last_release() -> None:
 @pytest.mark.parametrize("k", [3, 10])
 def test_release_every_k_releases_less_often_with_less_noise(k: int) -> None:
     n, T1 = 61, 8
-    kw = dict(task="auc", alpha=1.0, warmup=T1, horizon=n, buffer="fifo:6", seed=10)
+    kw = dict(
+        task="auc", alpha=1.0, warmup=T1, horizon=n, buffer="fifo:6", seed=10, reproducible=True
+    )
     every, sparse = OnPairStrC(**kw), OnPairStrC(**kw, release_every=k)
     X, y = _stream(9, n)
     sigma_every = {}
@@ -206,7 +225,9 @@ def test_release_every_k_releases_less_often_with_less_noise(k: int) -> None:
 
 def test_smoothing_averages_the_last_releases_for_free() -> None:
     m, T1 = 5, 6
-    kw = dict(task="metric", alpha=1.0, warmup=T1, horizon=40, buffer="fifo:6", seed=11)
+    kw = dict(
+        task="metric", alpha=1.0, warmup=T1, horizon=40, buffer="fifo:6", seed=11, reproducible=True
+    )
     plain, smooth = OnPairStrC(**kw), OnPairStrC(**kw, smoothing_window=m)
     X, y = _stream(10, 40, task="metric")
     learned = []
@@ -228,7 +249,7 @@ def test_smoothing_averages_the_last_releases_for_free() -> None:
 @pytest.mark.parametrize("task", ["auc", "metric"])
 def test_onpairc_constants_and_random_centre(task: str) -> None:
     n, R, D = 4096, 0.9, 1.3
-    model = OnPairC(task=task, horizon=n, data_radius=R, model_radius=D, seed=12)
+    model = OnPairC(task=task, horizon=n, data_radius=R, model_radius=D, seed=12, reproducible=True)
     alpha = n**-0.25  # the theorem's order, the default
     assert model.alpha_ == pytest.approx(alpha, rel=1e-12)
     G0, L0 = (4 * R, 4 * R**2) if task == "auc" else (4 * R**2, 4 * R**4)
@@ -239,14 +260,14 @@ def test_onpairc_constants_and_random_centre(task: str) -> None:
     assert c.strong_convexity == pytest.approx(alpha)
     assert model.T1 == max(math.ceil(16 * (L0 + alpha) / alpha**2), 7)
     # w0 is drawn in C, from the secret only: two different first records, the same w0.
-    other = OnPairC(task=task, horizon=n, data_radius=R, model_radius=D, seed=12)
+    other = OnPairC(task=task, horizon=n, data_radius=R, model_radius=D, seed=12, reproducible=True)
     X, y = _stream(13, 2, task=task)
     model.learn_one(X[0], y[0])
     other.learn_one(X[1] * 5, y[1])
     C = L2Ball(D) if task == "auc" else PSDFrobeniusBall(D)
     assert C.contains(model.w0)
     np.testing.assert_array_equal(model.w0, other.w0)
-    third = OnPairC(task=task, horizon=n, data_radius=R, model_radius=D, seed=13)
+    third = OnPairC(task=task, horizon=n, data_radius=R, model_radius=D, seed=13, reproducible=True)
     third.learn_one(X[0], y[0])
     assert not np.array_equal(third.w0, model.w0)
 
@@ -263,7 +284,7 @@ def test_onpairc_needs_alpha_without_a_horizon() -> None:
 @pytest.mark.parametrize("alg", [OnPairStrC, OnPairC])
 @pytest.mark.parametrize("task,buffer", [("auc", "all"), ("metric", "reservoir:5")])
 def test_state_dict_round_trip_continues_bit_identically(alg, task: str, buffer: str) -> None:
-    kw = dict(task=task, alpha=1.0, warmup=6, horizon=45, buffer=buffer, seed=14,
+    kw = dict(task=task, alpha=1.0, warmup=6, horizon=45, buffer=buffer, seed=14, reproducible=True,
               smoothing_window=3, keep_history=False)  # fmt: skip
     X, y = _stream(14, 45, task=task)
     a = alg(**kw)
@@ -297,7 +318,6 @@ BAD_AUC = [
     ({"a": float("nan"), "b": 0.0}, True),
     ({"a": float("inf"), "b": 0.0}, True),
     ({"a": "1.0", "b": 0.0}, True),
-    ({"a": 0.1, "c": 0.0}, True),  # unknown feature
     ({"a": 0.1, "b": 0.0}, 2),
     ({"a": 0.1, "b": 0.0}, "yes"),
     ({"a": 0.1, "b": 0.0}, None),
@@ -309,7 +329,9 @@ BAD_AUC = [
 
 @pytest.mark.parametrize("x,y", BAD_AUC)
 def test_bad_input_raises_and_leaves_state_and_ledger_untouched(x, y) -> None:
-    model = OnPairStrC(task="auc", alpha=1.0, warmup=3, horizon=30, buffer=5, seed=15)
+    model = OnPairStrC(
+        task="auc", alpha=1.0, warmup=3, horizon=30, buffer=5, seed=15, reproducible=True
+    )
     rng = np.random.default_rng(15)
     for _ in range(8):  # past the warm-up, so there is a ledger to protect
         model.learn_one(
@@ -321,9 +343,30 @@ def test_bad_input_raises_and_leaves_state_and_ledger_untouched(x, y) -> None:
     _assert_same_state(before, model.state_dict())
 
 
+def test_unknown_features_are_ignored_counted_and_never_change_the_schema() -> None:
+    model = OnPairStrC(
+        task="auc", alpha=1.0, warmup=3, horizon=30, buffer=5, features=("a", "b"), seed=15,
+        reproducible=True,
+    )  # fmt: skip
+    twin = OnPairStrC(**model._get_params())
+    rng = np.random.default_rng(15)
+    for t in range(12):
+        x = {"a": float(rng.normal()), "b": float(rng.normal())}
+        y = bool(rng.random() < 0.5)
+        noisy = {**x, f"new{t}": 1e9, "\ud800": 5.0} if t % 3 == 0 else x
+        model.learn_one(noisy, y)
+        twin.learn_one(x, y)
+    assert model.feature_names == twin.feature_names == ("a", "b")
+    assert model.unknown_features == 4 and twin.unknown_features == 0
+    np.testing.assert_array_equal(model.private_weights, twin.private_weights)
+    assert model.accountant.ledger == twin.accountant.ledger
+
+
 @pytest.mark.parametrize("y", [None, float("nan"), ["list"]])
 def test_bad_metric_label_leaves_labels_untouched(y) -> None:
-    model = OnPairStrC(task="metric", alpha=1.0, warmup=3, horizon=30, buffer=5, seed=16)
+    model = OnPairStrC(
+        task="metric", alpha=1.0, warmup=3, horizon=30, buffer=5, seed=16, reproducible=True
+    )
     model.learn_one({"a": 0.1, "b": 0.2}, "first")
     before = model.state_dict()
     with pytest.raises(InvalidRecord):
@@ -332,7 +375,7 @@ def test_bad_metric_label_leaves_labels_untouched(y) -> None:
 
 
 def test_a_rejected_first_record_does_not_fix_the_schema() -> None:
-    model = OnPairStrC(task="auc", alpha=1.0, warmup=3, horizon=30, seed=17)
+    model = OnPairStrC(task="auc", alpha=1.0, warmup=3, horizon=30, seed=17, reproducible=True)
     with pytest.raises(InvalidRecord):
         model.learn_one({"a": 1.0, "zzz": 2.0}, "maybe")
     assert model.feature_names is None and model.step == 0
@@ -348,7 +391,7 @@ def test_a_rejected_first_record_does_not_fix_the_schema() -> None:
     [(1, 0), (1, -1), (1.0, 0.0), (1.0, -1.0), (np.int64(1), np.int64(0)), (np.True_, np.False_)],
 )
 def test_auc_labels_true_false_one_zero_plus_minus_one_are_the_same(pos, neg) -> None:
-    kw = dict(task="auc", alpha=1.0, warmup=4, horizon=30, buffer=6, seed=18)
+    kw = dict(task="auc", alpha=1.0, warmup=4, horizon=30, buffer=6, seed=18, reproducible=True)
     ref, other = OnPairStrC(**kw), OnPairStrC(**kw)
     X, y = _stream(18, 30)
     for t in range(30):
@@ -368,9 +411,18 @@ def test_private_release_ranks_pima(pima_split) -> None:
     # for GIGA; 0.65 and 0.75 leave several standard deviations of room on the fixed split.
     Xtr, ytr, Xte, yte = pima_split
     model = OnPairStrC(
-        task="auc", epsilon=100.0, delta=DELTA, horizon=len(ytr), alpha=0.6, release_every=50,
-        smoothing_window=10, predict_with="smoothed", seed=19, track_regret=False,
-    )  # fmt: skip
+        task="auc",
+        epsilon=100.0,
+        delta=DELTA,
+        horizon=len(ytr),
+        alpha=0.6,
+        release_every=50,
+        smoothing_window=10,
+        predict_with="smoothed",
+        seed=19,
+        reproducible=True,
+        track_regret=False,
+    )
     giga = PairwiseGIGA(task="auc", alpha=0.6, track_regret=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -81,12 +81,31 @@ labels = st.one_of(
 
 # -- learners --------------------------------------------------------------------------------------
 LEARNERS = {
-    "OnPairStrC": lambda task: OnPairStrC(task=task, epsilon=1.0, horizon=10_000, alpha=1.0,
-                                          warmup=3, buffer=8, seed=1, keep_history=True),
-    "OnPairC": lambda task: OnPairC(task=task, epsilon=1.0, horizon=10_000, alpha=1.0, warmup=3,
-                                    buffer="reservoir:8", seed=2),
-    "PairwiseGIGA": lambda task: PairwiseGIGA(task=task, alpha=1.0, buffer="all", seed=3),
-}  # fmt: skip
+    "OnPairStrC": lambda task: OnPairStrC(
+        task=task,
+        epsilon=1.0,
+        horizon=10_000,
+        alpha=1.0,
+        warmup=3,
+        buffer=8,
+        seed=1,
+        reproducible=True,
+        keep_history=True,
+    ),
+    "OnPairC": lambda task: OnPairC(
+        task=task,
+        epsilon=1.0,
+        horizon=10_000,
+        alpha=1.0,
+        warmup=3,
+        buffer="reservoir:8",
+        seed=2,
+        reproducible=True,
+    ),
+    "PairwiseGIGA": lambda task: PairwiseGIGA(
+        task=task, alpha=1.0, buffer="all", seed=3, reproducible=True
+    ),
+}
 
 
 def _templates(name: str, task: str) -> tuple[bytes, bytes]:

@@ -66,6 +66,7 @@ def _make(alg, task: str, setup: Setup):
         buffer=setup.buffer,
         warmup=setup.warmup,
         seed=2024,
+        reproducible=True,
         track_regret=False,
     )
 
@@ -292,7 +293,7 @@ def test_reservoir_persistence_breaks_the_one_over_t_bound() -> None:
     def make():
         return OnPairStrC(
             task="auc", epsilon=1.0, delta=1e-5, horizon=n, alpha=1.0, warmup=10,
-            buffer=f"reservoir:{s}", seed=0, track_regret=False,
+            buffer=f"reservoir:{s}", seed=0, reproducible=True, track_regret=False,
         )  # fmt: skip
 
     base = _run(make(), X, y, "auc")

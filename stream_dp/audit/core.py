@@ -273,6 +273,7 @@ def online_target(
         data_radius=design.data_radius,
         model_radius=design.model_radius,
         seed=0,
+        reproducible=True,  # trials re-key the noise from the audit's own seed (never private)
         model_id="audit",
         track_regret=False,
     )
@@ -383,6 +384,7 @@ def offline_target(
         model_id="audit",
     )
     base = {k: v for k, v in base.items() if k in accepted}
+    repro = {"reproducible": True} if "reproducible" in accepted else {}
     base.update(params)
     data = {w: design.dataset(w) for w in (False, True)}
     probe = design.probe.ravel()
@@ -390,7 +392,7 @@ def offline_target(
         raise ValueError(f"{cls.__name__} draws its noise elsewhere: no noise_multiplier for it")
 
     def observe(with_canary: bool, secret: int) -> tuple[np.ndarray, tuple[float, float]]:
-        model = cls(**base, seed=secret)
+        model = cls(**base, seed=secret, **repro)
         if multiplier != 1.0:
             weakened = _noise_for(secret, model.model_id, multiplier)
             model._make_noise = lambda: weakened  # test-only variant, this instance only

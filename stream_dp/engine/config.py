@@ -90,7 +90,10 @@ class ModelConfig(_Strict):
         None,
         ge=0,
         description="Noise secret. Leave unset in production: drawn from the OS on the first "
-        "start and kept in the checkpoint.",
+        "start and kept in the checkpoint. A value needs reproducible = true.",
+    )
+    reproducible: bool = Field(
+        False, description="Accept an explicit seed: the run and its releases are NOT private."
     )
 
     def learner_kwargs(self) -> dict[str, Any]:

@@ -137,7 +137,7 @@ class Engine:
     >>> lines = [json.dumps({"x": {"a": i % 5 / 5, "b": i % 3 / 3}, "y": i % 2}) for i in range(50)]
     >>> _ = (d / "in.jsonl").write_text("\\n".join(lines + ["not json"]) + "\\n")
     >>> cfg = EngineConfig.model_validate({
-    ...     "model": {"alpha": 1.0, "seed": 1, "buffer": 16},
+    ...     "model": {"alpha": 1.0, "buffer": 16, "features": ["a", "b"]},
     ...     "source": {"kind": "jsonl", "path": str(d / "in.jsonl")},
     ...     "releases": {"kind": "jsonl", "path": str(d / "releases.jsonl")},
     ...     "dead_letters": {"kind": "jsonl", "path": str(d / "dead.jsonl")},

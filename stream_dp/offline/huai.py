@@ -81,7 +81,7 @@ class _GIGAOutputPerturbation(OfflinePairwiseBase):
         w = np.zeros(shape)
         total = np.zeros(shape)
         for t in range(1, min(T1, n) + 1):
-            w = constraint.sample(noise.generator(t, "init"), shape)
+            w = constraint.sample(noise.generator(t, "warmup"), shape)
             total += w
         # Steps 4–7: Pairwise GIGA against all earlier records, Huai's step size.
         for t in range(T1 + 1, n + 1):
@@ -281,7 +281,6 @@ class OffPairC(_GIGAOutputPerturbation):
     def _loss_for(self, n: int, constraint: ConstraintSet, noise: KeyedNoise) -> PairwiseLoss:
         alpha = float(self.alpha) if self.alpha is not None else 1.0 / math.sqrt(n)
         self.alpha_ = alpha
-        # Step 0 of the "init" lane is never used by a warm-up draw (those start at t = 1).
         shape = self._base_loss().param_shape(self.n_features_in_)
-        self.w0_ = constraint.sample(noise.generator(0, "init"), shape)
+        self.w0_ = constraint.sample(noise.generator(0, "center"), shape)
         return self._regularized(alpha, center=self.w0_, center_radius=constraint.diameter)

@@ -32,7 +32,8 @@ def river_check_params(task: str, private: bool = True, multiclass: bool = False
     features = _PHISHING if task == "auc" else _TRUMP
     if multiclass:
         features = _PHISHING + _IMAGE_SEGMENTS
-    params = {"task": task, "alpha": 1.0, "buffer": 16, "seed": 42, "features": features}
+    params = {"task": task, "alpha": 1.0, "buffer": 16, "seed": 42, "reproducible": True,
+              "features": features}  # fmt: skip
     if private:
         params.update({"epsilon": 4.0, "warmup": 5})
     return params

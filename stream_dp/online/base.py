@@ -42,6 +42,7 @@ from stream_dp.privacy.events import GaussianEvent
 from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
 from stream_dp.privacy.schedules import AnytimeSchedule, HorizonSchedule, Schedule
+from stream_dp.privacy.secrets import check_seed
 from stream_dp.records import (
     FeatureSchema,
     InvalidRecord,
@@ -132,7 +133,8 @@ class PairwiseOnlineBase(base.Estimator):
         model_radius: float,
         buffer: str | int | Buffer,
         seed: int | None,
-        features: tuple | None,
+        reproducible: bool,
+        features: tuple | int | None,
         model_id: str,
         track_regret: bool,
         keep_history: bool,
@@ -140,6 +142,10 @@ class PairwiseOnlineBase(base.Estimator):
     ) -> None:
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        check_seed(
+            seed, reproducible, type(self).__name__.removesuffix("AUC").removesuffix("Metric")
+        )
+
         for name, v in (("data_radius", data_radius), ("model_radius", model_radius)):
             if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a positive finite number, got {v!r}")
@@ -152,6 +158,7 @@ class PairwiseOnlineBase(base.Estimator):
         self.model_radius = model_radius
         self.buffer = buffer
         self.seed = seed
+        self.reproducible = reproducible
         self.features = features
         self.model_id = model_id
         self.track_regret = track_regret
@@ -212,6 +219,8 @@ class PairwiseOnlineBase(base.Estimator):
             if fresh:
                 schema.__init__(self.features)  # undo a schema taken from a rejected record
             raise
+        if schema.last_unknown:
+            schema.unknown_records += 1
         return xv, yv
 
     def _commit_label(self, y) -> None:
@@ -283,6 +292,16 @@ class PairwiseOnlineBase(base.Estimator):
     def step(self) -> int:
         """Number of records learned so far (t)."""
         return self._t
+
+    @property
+    def private(self) -> bool:
+        """False for a run with an explicit (guessable) seed: nothing it publishes is private."""
+        return self._private and self.seed is None
+
+    @property
+    def unknown_features(self) -> int:
+        """Learned records that carried features outside the schema (ignored; operator-only)."""
+        return self._schema.unknown_records
 
     def nbytes(self) -> dict[str, int]:
         """Bytes held by the learner's arrays, by part.
@@ -544,6 +563,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         else:
             self._schedule = AnytimeSchedule(anytime_p)
         self.accountant = ZCDPAccountant(epsilon, delta, conversion)
+        self.accountant.private = self.private
         self._tracker = CertifiedSensitivity(
             c.lipschitz,
             c.strong_convexity,
@@ -840,7 +860,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
         if t0 < self.T1:  # Alg. 1 steps 2–7: a data-independent random model per warm-up step
             winit = np.zeros((m, p))
             for j in range(min(m, self.T1 - t0)):
-                gen = self._noise.generator(t0 + 1 + j, "init")
+                gen = self._noise.generator(t0 + 1 + j, "warmup")
                 winit[j] = self._constraint.sample(gen, self._w.shape).reshape(-1)
         N = self._no_rows
         if m == 1:
@@ -1002,6 +1022,7 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             "epsilon_spent": eps,
             "delta": delta,
             "exhausted": self._exhausted,
+            "private": self.private,
         }
 
     def describe(self) -> str:
@@ -1017,8 +1038,9 @@ class PrivateOnlineBase(PairwiseOnlineBase):
             if self.horizon is not None
             else f"anytime p={self.anytime_p}"
         )
+        flag = "" if self.private else "NOT PRIVATE (reproducible seed): "
         return (
-            f"T1={self.T1} warm-up steps; G={c.lipschitz:.4g}, L={c.smoothness:.4g}, "
+            f"{flag}T1={self.T1} warm-up steps; G={c.lipschitz:.4g}, L={c.smoothness:.4g}, "
             f"α={c.strong_convexity:.4g}; ρ budget={self.accountant.rho_budget:.4g} "
             f"(ε={self.epsilon}, δ={self.delta}, {self.conversion}); {sched}; "
             f"σ per coordinate at step {first} ≈ {sig} ({self.sensitivity} sensitivity)"

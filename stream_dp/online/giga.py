@@ -44,7 +44,8 @@ class PairwiseGIGA(PairwiseOnlineBase):
         model_radius: float = 1.0,
         buffer: str | int | Buffer = "all",
         seed: int | None = None,
-        features: tuple | None = None,
+        reproducible: bool = False,
+        features: tuple | int | None = None,
         model_id: str = "stream-dp-giga",
         track_regret: bool = True,
         keep_history: bool = False,
@@ -52,7 +53,8 @@ class PairwiseGIGA(PairwiseOnlineBase):
     ) -> None:
         _check_variant(self, task)
         self._init_common(
-            task, alpha, data_radius, model_radius, buffer, seed, features, model_id,
+            task, alpha, data_radius, model_radius, buffer, seed, reproducible, features,
+            model_id,
             track_regret, keep_history, max_buffer_warning,
         )  # fmt: skip
         self._loss = self._make_loss()

@@ -35,7 +35,7 @@ class PrivateMetricKNN(base.Classifier):
     >>> from stream_dp.online import OnPairStrC, PrivateMetricKNN
     >>> from river import evaluate, metrics, datasets
     >>> knn = PrivateMetricKNN(OnPairStrC(task="metric", epsilon=2.0, alpha=1.0, buffer=32,
-    ...                                   seed=1), n_neighbors=3)
+    ...                                   features=["a", "b"]), n_neighbors=3)
     >>> dataset = [({"a": float(i % 4), "b": float(i % 3)}, i % 2) for i in range(60)]
     >>> _ = evaluate.progressive_val_score(dataset, knn, metrics.Accuracy())
 

@@ -28,7 +28,7 @@ class OnPairC(PrivateOnlineBase):
     Examples
     --------
     >>> from stream_dp.online import OnPairC
-    >>> model = OnPairC(task="auc", epsilon=2.0, horizon=10_000, seed=1)
+    >>> model = OnPairC(task="auc", epsilon=2.0, horizon=10_000, features=["a", "b"])
     >>> model.alpha_
     0.1
     >>> model.T1
@@ -48,13 +48,14 @@ class OnPairC(PrivateOnlineBase):
         buffer: str | int | Buffer = "all",
         conversion: str = "tight",
         seed: int | None = None,
+        reproducible: bool = False,
         release_every: int = 1,
         smoothing_window: int = 1,
         predict_with: str = "release",
         warmup: int | None = None,
         sensitivity: str = "certified",
         anytime_p: float = 1.1,
-        features: tuple | None = None,
+        features: tuple | int | None = None,
         model_id: str = "stream-dp",
         track_regret: bool = True,
         keep_history: bool = False,
@@ -70,7 +71,8 @@ class OnPairC(PrivateOnlineBase):
         else:
             alpha_ = alpha
         self._init_common(
-            task, alpha_, data_radius, model_radius, buffer, seed, features, model_id,
+            task, alpha_, data_radius, model_radius, buffer, seed, reproducible, features,
+            model_id,
             track_regret, keep_history, max_buffer_warning,
         )  # fmt: skip
         self.alpha = alpha  # keep the parameter as given (river's clone relies on it)
@@ -95,13 +97,12 @@ class OnPairC(PrivateOnlineBase):
         fresh = self._w is None
         super()._ensure_bound()
         if fresh:
-            # Step 0 of the "init" lane is never used by a warm-up release (those start at 1).
-            w0 = self._constraint.sample(self._noise.generator(0, "init"), self._w.shape)
+            w0 = self._constraint.sample(self._noise.generator(0, "center"), self._w.shape)
             self._loss.center = np.asarray(w0, dtype=float)
 
     def _on_restore(self) -> None:
         if self._w is not None:
-            w0 = self._constraint.sample(self._noise.generator(0, "init"), self._w.shape)
+            w0 = self._constraint.sample(self._noise.generator(0, "center"), self._w.shape)
             self._loss.center = np.asarray(w0, dtype=float)
 
     @property

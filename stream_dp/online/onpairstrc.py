@@ -22,9 +22,9 @@ class OnPairStrC(PrivateOnlineBase):
     σ_t is ``Δ_t/√(2ρ_k)``: ``ρ_k`` comes from the schedule (``horizon=n`` splits ρ evenly over
     the ``⌈(n − T1)/release_every⌉`` releases, the paper's ``σ_t² = 32G²(n−T1)/(α²t²ρ)`` when
     ``sensitivity="paper"``; ``horizon=None`` uses the anytime schedule
-    ``ρ_k = ρ k^{−p}/ζ(p)``); ``Δ_t`` is the certified bound of SPEC §4 (default) or Lemma 4's
-    ``8G/(αt)`` (``sensitivity="paper"``, full buffer only). Predictions use only the latest
-    release (or the smoothed release), never the internal iterate.
+    ``ρ_k = ρ k^{−p}/ζ(p)``); ``Δ_t`` is the certified bound of ``docs/privacy.md`` (default)
+    or Lemma 4's ``8G/(αt)`` (``sensitivity="paper"``, full buffer only). Predictions use only
+    the latest release (or the smoothed release), never the internal iterate.
 
     Parameters
     ----------
@@ -48,8 +48,12 @@ class OnPairStrC(PrivateOnlineBase):
     conversion
         zCDP → (ε, δ): ``"tight"`` (CKS 2020, default) or ``"paper"``.
     seed
-        Secret of the keyed noise. ``None`` draws 128 bits from the OS (production); an int
-        makes runs reproducible (tests). Stored in checkpoints — keep those secret.
+        Secret of the keyed noise. ``None`` (the default) draws 128 bits from the OS. An int is
+        guessable, so it is refused unless ``reproducible=True``. Stored in checkpoints — keep
+        those secret.
+    reproducible
+        Declare the run non-private so that an int ``seed`` is accepted (tests, debugging):
+        every release message, ``describe()`` and the ledger then say it is not private.
     release_every
         Release every k-th step; the budget is split over fewer releases, so each is less noisy.
     smoothing_window
@@ -59,11 +63,14 @@ class OnPairStrC(PrivateOnlineBase):
     warmup
         Override T1 (then ``sensitivity`` must be ``"certified"``).
     sensitivity
-        ``"certified"`` (SPEC §4 recurrence, any buffer) or ``"paper"`` (Lemma 4).
+        ``"certified"`` (the recurrence of ``docs/privacy.md``, any buffer) or ``"paper"``
+        (Lemma 4).
     anytime_p
         Exponent p > 1 of the anytime schedule.
     features
-        Feature names fixing the schema up front; otherwise the first record's keys.
+        The declared schema (required): feature names, or their number d for array input
+        (names ``x0 … x{d−1}``). Features outside it are ignored and counted
+        (``unknown_features``); missing ones are 0.
     model_id
         Identifies the model in releases; also keys the noise.
     track_regret
@@ -76,7 +83,8 @@ class OnPairStrC(PrivateOnlineBase):
     Examples
     --------
     >>> from stream_dp.online import OnPairStrC
-    >>> model = OnPairStrC(task="auc", epsilon=1.0, delta=1e-5, horizon=1000, alpha=1.0, seed=7)
+    >>> model = OnPairStrC(task="auc", epsilon=1.0, delta=1e-5, horizon=1000, alpha=1.0,
+    ...                    features=["a", "b"])
     >>> model.T1
     80
     >>> for i in range(100):
@@ -101,13 +109,14 @@ class OnPairStrC(PrivateOnlineBase):
         buffer: str | int | Buffer = "all",
         conversion: str = "tight",
         seed: int | None = None,
+        reproducible: bool = False,
         release_every: int = 1,
         smoothing_window: int = 1,
         predict_with: str = "release",
         warmup: int | None = None,
         sensitivity: str = "certified",
         anytime_p: float = 1.1,
-        features: tuple | None = None,
+        features: tuple | int | None = None,
         model_id: str = "stream-dp",
         track_regret: bool = True,
         keep_history: bool = False,
@@ -115,7 +124,8 @@ class OnPairStrC(PrivateOnlineBase):
     ) -> None:
         _check_variant(self, task)
         self._init_common(
-            task, alpha, data_radius, model_radius, buffer, seed, features, model_id,
+            task, alpha, data_radius, model_radius, buffer, seed, reproducible, features,
+            model_id,
             track_regret, keep_history, max_buffer_warning,
         )  # fmt: skip
         self._loss = self._make_loss()

@@ -91,6 +91,9 @@ class _Ledger:
 
     _kinds: tuple[type, ...] = ()
     _kind = ""  # the "kind" of to_dict()
+    #: False when the charges were made with a guessable (reproducible) seed: the arithmetic is
+    #: the same, but nothing the ledger pays for is private (see ``stream_dp.privacy.secrets``).
+    private: bool = True
 
     def __init__(self) -> None:
         self._store: _Chunks | Journal = _Chunks()  # sealed chunks, oldest first
@@ -358,6 +361,8 @@ class _Ledger:
         A journaled ledger's kind is ``"journal:<kind>"``, so a build that does not know
         journals refuses it instead of loading the open chunk as if it were the whole ledger.
         """
+        if not self.private:
+            params["private"] = False
         if self.journal is not None:
             ref = self.journal.reference()
             return {"kind": f"journal:{self._kind}", **params, "journal": ref,
@@ -550,9 +555,10 @@ class ZCDPAccountant(_Ledger):
 
     def __repr__(self) -> str:
         eps, _ = self.spent()
+        flag = "" if self.private else ", NOT PRIVATE: reproducible seed"
         return (
             f"ZCDPAccountant(ε={self.epsilon}, δ={self.delta}, ρ budget={self.rho_budget:.4g}, "
-            f"ρ spent={self.rho_spent():.4g}, ε spent={eps:.4g}, charges={len(self)})"
+            f"ρ spent={self.rho_spent():.4g}, ε spent={eps:.4g}, charges={len(self)}{flag})"
         )
 
 
@@ -641,6 +647,7 @@ def accountant_from_dict(d: dict) -> ZCDPAccountant | PureDPAccountant | ApproxD
         acc = ApproxDPAccountant(d["epsilon"], d["delta"])
     else:
         raise ValueError(f"unknown accountant kind {d.get('kind')!r}")
+    acc.private = d.get("private", True) is not False
     try:
         if journaled:
             acc._restore_journal(d["journal"])

@@ -1,35 +1,26 @@
 """Keyed, counter-based noise: the draws of step t are a pure function of (secret, model id, t).
 
-Why (SPEC §8): Kafka and every stream processor replay uncommitted input after a crash. If a
-replayed step drew *fresh* noise, the same iterate would be released twice with independent
-noise — twice the privacy cost, silently. With NumPy's Philox keyed by a secret and the step as
-the counter, a replay reproduces the identical release bit for bit, which costs nothing more.
+Why (``docs/privacy.md``, *Keyed noise*): Kafka and every stream processor replay uncommitted
+input after a crash. If a replayed step drew *fresh* noise, the same iterate would be released
+twice with independent noise — twice the privacy cost, silently. With NumPy's Philox keyed by a
+secret and the step as the counter, a replay reproduces the identical release bit for bit, which
+costs nothing more.
 
-The secret lives in the checkpoint; it must stay secret (knowing it, one could subtract the
-noise from a release).
+Each purpose (release noise, warm-up models, reservoir coins, ...) has its own Philox key,
+derived from the secret by a keyed PRF (:mod:`stream_dp.privacy.secrets`). The secret lives in
+the checkpoint; it must stay secret (knowing it, one could subtract the noise from a release).
 
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import secrets
 
 import numpy as np
 
-__all__ = ["BLOCK_VALUES", "MAX_ROWS_PER_BLOCK", "KeyedNoise", "PURPOSES", "rows_per_block"]
+from stream_dp.privacy.secrets import PURPOSES, derive_key, new_secret
 
-# Each use of randomness gets its own counter lane, so e.g. the reservoir's coin flips can never
-# correlate with the release noise of the same step.
-PURPOSES: dict[str, int] = {
-    "release": 1,  # Gaussian / Laplace noise added to a released model
-    "init": 2,  # data-independent random models (warm-up releases, OnPairC's w0)
-    "buffer": 3,  # reservoir sampling decisions
-    "offline": 4,  # offline algorithms' internal noise (per-iteration gradient noise)
-    "sampling": 5,  # offline algorithms' index sampling
-    "audit": 6,
-}
+__all__ = ["BLOCK_VALUES", "MAX_ROWS_PER_BLOCK", "KeyedNoise", "PURPOSES", "rows_per_block"]
 
 #: Gaussian noise of models up to this many values is drawn in blocks of about this many values
 #: (see :meth:`KeyedNoise.gaussian`): 512 KB, built once per ``B`` steps. Part of the noise
@@ -38,9 +29,9 @@ PURPOSES: dict[str, int] = {
 BLOCK_VALUES = 65536
 #: At most this many steps share a block (so a sparse release schedule wastes little).
 MAX_ROWS_PER_BLOCK = 1024
-# Blocked rows use their own counter lane (purpose + 256), so no block stream ever coincides with
-# a per-step stream of the same purpose.
-_BLOCK_LANE = 256
+# Counter lanes under one purpose's key: per-step streams and blocked rows never coincide.
+_STEP_LANE = 0
+_BLOCK_LANE = 1
 
 
 def _standard_normal_rows(gen, m, n):  # pragma: no cover - compiled with numba only
@@ -58,7 +49,7 @@ def _compiled_fill():
     same bit generator), so the draws are NumPy's bit for bit at ~2.3× the speed: the bit
     generator is called through its C interface and the ziggurat is inlined. The probe (two
     blocks of a fixed key, ~65 000 values) guards against a numba or NumPy version whose
-    algorithms part: the values must stay those of NumPy, whatever the backend (SPEC §8).
+    algorithms part: the values must stay those of NumPy, whatever the backend.
     """
     if not _COMPILED_FILL:
         from stream_dp import _kernels
@@ -108,13 +99,14 @@ def rows_per_block(size: int) -> int:
 
 
 class KeyedNoise:
-    """Counter-based generators keyed by a secret seed and a model id.
+    """Counter-based generators keyed by a secret and a model id, one key per purpose.
 
     Parameters
     ----------
     secret
-        A non-negative integer. ``None`` draws 128 bits from the OS (``secrets``): the right
-        choice in production; pass an explicit value for reproducible tests.
+        A non-negative integer below 2**256. ``None`` draws 128 bits from the OS. The learners
+        and estimators decide whether an explicit value is acceptable
+        (:func:`stream_dp.privacy.secrets.check_seed`); this class only uses it.
     model_id
         Separates the noise of models that share a secret.
 
@@ -124,19 +116,35 @@ class KeyedNoise:
     >>> b = KeyedNoise(secret=7, model_id="m").gaussian(step=12, shape=(3,), sigma=1.0)
     >>> bool((a == b).all())
     True
+    >>> c = KeyedNoise(secret=7, model_id="m").gaussian(12, (3,), 1.0, purpose="warmup")
+    >>> bool((a == c).any())  # another purpose, another key
+    False
 
     """
 
     def __init__(self, secret: int | None = None, model_id: str = "") -> None:
         if secret is None:
-            secret = secrets.randbits(128)
+            secret = new_secret()
         if isinstance(secret, bool) or not isinstance(secret, int | np.integer) or secret < 0:
             raise ValueError(f"secret must be a non-negative integer, got {secret!r}")
         self.secret = int(secret)
         self.model_id = str(model_id)
-        digest = hashlib.sha256(f"stream_dp/v1/{self.secret}/{self.model_id}".encode()).digest()
-        self._key = np.frombuffer(digest[:16], dtype=np.uint64).copy()
+        self._keys = {p: derive_key(self.secret, p, self.model_id) for p in PURPOSES}
         self._blocks: dict[tuple[str, int], tuple[int, np.ndarray]] = {}
+
+    def __getstate__(self) -> dict:
+        # The cached blocks are a pure function of the rest: rebuilt on demand, never pickled.
+        return {**self.__dict__, "_blocks": {}}
+
+    def _bitgen(self, purpose: str, counter_word: int, lane: int) -> np.random.Philox:
+        try:
+            key = self._keys[purpose]
+        except KeyError:
+            raise ValueError(
+                f"unknown noise purpose {purpose!r}; known: {', '.join(PURPOSES)}"
+            ) from None
+        counter = np.array([0, 0, int(counter_word), lane], dtype=np.uint64)
+        return np.random.Philox(key=key, counter=counter)
 
     def generator(self, step: int, purpose: str = "release") -> np.random.Generator:
         """A fresh generator whose whole stream is determined by (secret, model id, purpose, step).
@@ -146,8 +154,7 @@ class KeyedNoise:
         """
         if step < 0:
             raise ValueError("steps are non-negative")
-        counter = np.array([0, 0, int(step), PURPOSES[purpose]], dtype=np.uint64)
-        return np.random.Generator(np.random.Philox(key=self._key, counter=counter))
+        return np.random.Generator(self._bitgen(purpose, step, _STEP_LANE))
 
     def _block(self, block: int, size: int, purpose: str) -> np.ndarray:
         """Standard normal rows ``(B, size)`` of block ``block`` (the latest one is cached)."""
@@ -155,8 +162,7 @@ class KeyedNoise:
         hit = self._blocks.get(key)
         if hit is not None and hit[0] == block:
             return hit[1]
-        counter = np.array([0, 0, block, PURPOSES[purpose] + _BLOCK_LANE], dtype=np.uint64)
-        bitgen = np.random.Philox(key=self._key, counter=counter)
+        bitgen = self._bitgen(purpose, block, _BLOCK_LANE)
         rows = _standard_normal_block(bitgen, rows_per_block(size), size)
         self._blocks[key] = (block, rows)
         return rows
@@ -169,10 +175,11 @@ class KeyedNoise:
         Models of more than 32 768 values draw each step from its own Philox stream (counter =
         step). Smaller models share one stream among ``B = rows_per_block(size)`` consecutive
         steps: step t takes row ``t mod B`` of the standard-normal block ``⌊t/B⌋`` (counter =
-        block, lane = purpose + 256), times σ. Either way the values of step t depend on nothing
-        but the secret, the model id, the purpose, t and the size — not on which other steps were
-        drawn, in what order, or in how many calls — and every step draws the same number of
-        values (SPEC §5, §8). Blocks amortise the ~10 µs cost of building a generator.
+        block, lane 1 of the purpose's key), times σ. Either way the values of step t depend on
+        nothing but the secret, the model id, the purpose, t and the size — not on which other
+        steps were drawn, in what order, or in how many calls — and every step draws the same
+        number of values (``docs/privacy.md``, *Keyed noise*). Blocks amortise the ~10 µs cost of
+        building a generator.
         """
         if step < 0:
             raise ValueError("steps are non-negative")
