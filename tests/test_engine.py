@@ -31,8 +31,14 @@ def records(n: int, seed: int = 0) -> list[bytes]:
 def config(tmp: Path, **model) -> EngineConfig:
     return EngineConfig.model_validate(
         {
-            "model": {"alpha": 1.0, "buffer": 16, "seed": 11, "reproducible": True, "model_id": "t",
-                      **model},
+            "model": {
+                "alpha": 1.0,
+                "buffer": 16,
+                "seed": 11,
+                "reproducible": True,
+                "model_id": "t",
+                **model,
+            },
             "source": {"kind": "jsonl", "path": str(tmp / "in.jsonl")},
             "releases": {"kind": "jsonl", "path": str(tmp / "rel.jsonl")},
             "dead_letters": {"kind": "jsonl", "path": str(tmp / "dead.jsonl")},
