@@ -30,14 +30,13 @@ Why LAPACK through SciPy: NumPy's bundled OpenBLAS multi-threads inside ``eigh``
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-from collections.abc import Iterator
 
 import numpy as np
-from scipy.linalg import lapack
 
+from stream_dp._jit import NUMBA_INSTALLED, numba, numba_active, use_numba
+from stream_dp.huai import huai_step_size, is_release_step
+from stream_dp.linalg import is_pos_def, row_dots, sym_eigh
 from stream_dp.losses import _dphi, _phi
 
 __all__ = [
@@ -72,13 +71,8 @@ __all__ = [
     "window_mean",
 ]
 
-try:  # numba is an optional extra: pip install "stream-dp[fast]"
-    import numba
+if NUMBA_INSTALLED:
     from numba.extending import overload, register_jitable
-except Exception:  # pragma: no cover - not installed, or unusable (e.g. an unsupported NumPy)
-    numba = None
-
-NUMBA_INSTALLED: bool = numba is not None
 
 #: Mode bits of one step (shared by :func:`plan_chunk` and :func:`run_chunk`).
 LEARN = 1  # a gradient step (unset: a warm-up step whose model is given)
@@ -99,224 +93,7 @@ def _jitable(fn):
     return register_jitable(fn) if NUMBA_INSTALLED else fn
 
 
-# -- primitives with a CPython body and a numba body -------------------------------------------
-def sym_eigh(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenvalues (ascending) and eigenvectors of a symmetric matrix (LAPACK ``dsyevd``)."""
-    lam, V, info = lapack.dsyevd(S, compute_v=1, lower=1)
-    if info != 0:  # pragma: no cover - dsyevd does not fail on finite symmetric input
-        return np.linalg.eigh(S)
-    return lam, V
-
-
-def is_pos_def(S: np.ndarray) -> bool:
-    """True when the Cholesky factorisation of the symmetric matrix ``S`` succeeds."""
-    return lapack.dpotrf(S, lower=1, clean=0)[1] == 0
-
-
-def _hypot(a, b):  # pragma: no cover - compiled with numba only
-    """``√(a² + b²)``: the plain formula where it is exact to an ulp, ``math.hypot`` elsewhere.
-
-    libm's ``hypot`` rescales on every call and costs ~40 % of the QL sweeps below; the squares
-    only lose accuracy once they leave the normal range (|a|, |b| beyond ~1e±150).
-    """
-    r = math.sqrt(a * a + b * b)
-    if 1e-150 < r < 1e150:
-        return r
-    return math.hypot(a, b)
-
-
-def _eigh_ql(S):  # pragma: no cover - compiled with numba only
-    """:func:`sym_eigh` for numba: Householder tridiagonalisation, then implicit QL.
-
-    The EISPACK ``tred2``/``tql2`` pair (as in JAMA), rearranged for row-major arrays: the
-    Householder vectors are rows of ``A`` and the eigenvectors are rows of ``U`` while the QL
-    rotations run, so every inner loop walks contiguous memory. Why not LAPACK: at d = 32
-    ``dsyevd`` spends ~65 µs here (its divide and conquer and back-transformation are tuned for
-    large n), this code ~38 µs. Both are backward stable, so the two bodies of
-    :func:`sym_eigh` give the same eigenvalues and the same spectral projectors up to
-    ~d·eps·‖S‖ — not bit for bit. Returns the eigenvalues ascending and the eigenvectors as
-    columns, as ``np.linalg.eigh``; falls back to it if QL has not converged after 30·d sweeps
-    (it always converges on finite input; the cap only guards against non-finite input).
-    """
-    n = S.shape[0]
-    top = 0.0
-    for i in range(n):
-        for j in range(n):
-            top = max(top, abs(S[i, j]))
-    if top == 0.0:
-        return np.zeros(n), np.eye(n)
-    if not math.isfinite(top):
-        return np.linalg.eigh(S)
-    # Scale by a power of two (exact) so that the largest entry is in [0.5, 1): products of two
-    # entries, as in the QL sweep below, then neither overflow nor underflow where it matters.
-    expo = math.frexp(top)[1]
-    A = S * math.ldexp(1.0, -expo)
-    d = np.empty(n)
-    e = np.empty(n)
-    hs = np.zeros(n)
-    p = np.empty(n)
-    q = np.empty(n)
-    u = np.empty(n)
-    # 1. A = Q T Qᵀ: Householder reflections H_i = I − u uᵀ/h zero row i left of the subdiagonal.
-    for i in range(n - 1, 0, -1):
-        scale = 0.0
-        for k in range(i):
-            scale += abs(A[i, k])
-        if i == 1 or scale == 0.0:  # nothing to annihilate
-            e[i] = A[i, i - 1]
-        else:
-            inv = 1.0 / scale  # scaled against under/overflow in h
-            h = 0.0
-            for k in range(i):
-                v = A[i, k] * inv
-                A[i, k] = v
-                h += v * v
-            f = A[i, i - 1]
-            g = math.sqrt(h)
-            if f > 0.0:
-                g = -g
-            e[i] = scale * g
-            h -= f * g
-            A[i, i - 1] = f - g  # row i of A now holds u
-            u[:i] = A[i, :i]  # a separate copy lets LLVM vectorise the loops below
-            # p = A u / h as a sum of rows of A (A is exactly symmetric: both triangles get the
-            # same update): axpys vectorise, dot products would not (no reassociation).
-            p[:i] = 0.0
-            for k in range(i):
-                uk = u[k]
-                for j in range(i):
-                    p[j] += uk * A[k, j]
-            K = 0.0
-            for j in range(i):
-                p[j] /= h
-                K += p[j] * u[j]
-            K /= h + h
-            for j in range(i):
-                q[j] = p[j] - K * u[j]
-            for j in range(i):  # A ← A − u qᵀ − q uᵀ on the leading i × i block
-                uj = u[j]
-                qj = q[j]
-                for k in range(i):
-                    A[j, k] -= uj * q[k] + qj * u[k]
-            hs[i] = h
-        d[i] = A[i, i]
-    d[0] = A[0, 0]
-    # 2. Q = H_{n−1} ··· H_1, applied to I from the left (H_1 first) so that each H_i touches
-    #    only X[:i, :i]; uᵀX is a sum of rows (axpys, which vectorise). U = Qᵀ.
-    X = np.zeros((n, n))
-    for i in range(n):
-        X[i, i] = 1.0
-    for i in range(2, n):
-        h = hs[i]
-        if h == 0.0:
-            continue
-        u[:i] = A[i, :i]
-        q[:i] = 0.0
-        for k in range(i):
-            uk = u[k]
-            for j in range(i):
-                q[j] += uk * X[k, j]
-        for k in range(i):
-            f = u[k] / h
-            for j in range(i):
-                X[k, j] -= f * q[j]
-    U = np.ascontiguousarray(X.T)
-    # 3. Implicit QL with Wilkinson-type shifts on T (d, e); rotations update rows of U.
-    for i in range(1, n):
-        e[i - 1] = e[i]
-    e[n - 1] = 0.0
-    f = 0.0
-    tst1 = 0.0
-    eps = 2.0**-52
-    sweeps = 0
-    for l in range(n):
-        tst1 = max(tst1, abs(d[l]) + abs(e[l]))
-        m = l
-        while m < n - 1 and abs(e[m]) > eps * tst1:
-            m += 1
-        if m > l:
-            while True:
-                sweeps += 1
-                if sweeps > 30 * n:
-                    return np.linalg.eigh(S)
-                g = d[l]
-                pv = (d[l + 1] - g) / (2.0 * e[l])
-                r = _hypot(pv, 1.0)
-                if pv < 0.0:
-                    r = -r
-                d[l] = e[l] / (pv + r)
-                d[l + 1] = e[l] * (pv + r)
-                dl1 = d[l + 1]
-                h = g - d[l]
-                for i in range(l + 2, n):
-                    d[i] -= h
-                f += h
-                pv = d[m]
-                c = 1.0
-                c2 = 1.0
-                c3 = 1.0
-                el1 = e[l + 1]
-                s = 0.0
-                s2 = 0.0
-                for i in range(m - 1, l - 1, -1):
-                    c3 = c2
-                    c2 = c
-                    s2 = s
-                    g = c * e[i]
-                    h = c * pv
-                    r = _hypot(pv, e[i])
-                    e[i + 1] = s * r
-                    s = e[i] / r
-                    # c·d[i] − s·g with c = pv/r, s = e[i]/r: the numerator does not wait for
-                    # the square root, which shortens the serial chain of the sweep by ~20 %.
-                    t = (pv * d[i] - e[i] * g) / r
-                    c = pv / r
-                    pv = t
-                    d[i + 1] = h + s * (c * g + s * d[i])
-                    for k in range(n):
-                        h = U[i + 1, k]
-                        U[i + 1, k] = s * U[i, k] + c * h
-                        U[i, k] = c * U[i, k] - s * h
-                pv = -s * s2 * c3 * el1 * e[l] / dl1
-                e[l] = s * pv
-                d[l] = c * pv
-                if not abs(e[l]) > eps * tst1:  # (a NaN ends the loop too)
-                    break
-        d[l] += f
-        e[l] = 0.0
-    order = np.argsort(d)
-    lam = np.empty(n)
-    V = np.empty((n, n))
-    back = math.ldexp(1.0, expo)
-    for j in range(n):  # ascending, eigenvectors as columns (one pass, no temporaries)
-        o = order[j]
-        lam[j] = d[o] * back
-        for i in range(n):
-            V[i, j] = U[o, i]
-    return lam, V
-
-
 if NUMBA_INSTALLED:
-    _hypot = register_jitable(inline="always")(_hypot)
-    _eigh_ql_nb = numba.njit(cache=True)(_eigh_ql)
-
-    @overload(sym_eigh)
-    def _sym_eigh_nb(S):
-        def impl(S):
-            return _eigh_ql_nb(S)
-
-        return impl
-
-    @overload(is_pos_def)
-    def _is_pos_def_nb(S):
-        def impl(S):
-            try:
-                np.linalg.cholesky(S)
-                return True
-            except Exception:  # numba raises LinAlgError for a non-positive-definite matrix
-                return False
-
-        return impl
 
     @overload(_phi)
     def _phi_nb(u):
@@ -371,32 +148,6 @@ def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):
     return value
 
 
-def _row_dots(A, B):
-    """``Σ_j A[k, j]·B[k, j]`` for every row k (a product with a vector of ones: BLAS).
-
-    Under numba a loop instead (no n × d temporary; each row summed in order, so the sums may
-    differ from BLAS's in the last bit).
-    """
-    return np.dot(A * B, np.ones(A.shape[1]))
-
-
-if NUMBA_INSTALLED:
-
-    @overload(_row_dots)
-    def _row_dots_nb(A, B):
-        def impl(A, B):
-            n, m = A.shape
-            out = np.empty(n)
-            for k in range(n):
-                acc = 0.0
-                for j in range(m):
-                    acc += A[k, j] * B[k, j]
-                out[k] = acc
-            return out
-
-        return impl
-
-
 @_jitable
 def _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g):
     """Metric learning: ``δᵀWδ`` for all partners at once, gradient ``−Dᵀdiag(φ'·c)D``.
@@ -408,10 +159,10 @@ def _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g):
     c = np.where(Y[:n] == y, 1.0, -1.0)
     value = 0.0
     if want_val:
-        u_s = _row_dots(np.dot(D, s.reshape((d, d))), D)
+        u_s = row_dots(np.dot(D, s.reshape((d, d))), D)
         value = np.sum(_phi(c * (1.0 - u_s)))
     if want_grad:
-        u_w = _row_dots(np.dot(D, w.reshape((d, d))), D)
+        u_w = row_dots(np.dot(D, w.reshape((d, d))), D)
         coef = -_dphi(c * (1.0 - u_w)) * c
         g[:] = np.dot(D.T, D * coef.reshape((n, 1))).ravel()
     return value
@@ -674,27 +425,6 @@ def cert_admit(st, sb, shared, distinct, slots, olds, ids, n_after):
 
 
 # -- a run of steps ----------------------------------------------------------------------------
-@_jitable
-def huai_step_size(t, alpha):
-    """Huai et al. (2020) Alg. 1: ``η_t = 2(t − 1) / (α t (t − 2))`` for t ≥ 3.
-
-    The formula is infinite at t = 2 and negative at t = 1; those steps (reachable only by
-    PairwiseGIGA, which has no warm-up, or a user warm-up below 2) use ``1/α``.
-    """
-    if t <= 2:
-        return 1.0 / alpha
-    return 2.0 * (t - 1) / (alpha * t * (t - 2))
-
-
-@_jitable
-def is_release_step(t, T1, every, horizon):
-    """Whether step t publishes: every ``every``-th step of the warm-up and step T1, then every
-    ``every``-th step after T1 and the horizon (``horizon < 0``: none)."""
-    if t <= T1:
-        return t % every == 0 or t == T1
-    return (t - T1) % every == 0 or t == horizon
-
-
 @_jitable
 def plan_chunk(
     t0, T1, every, horizon, eta_alpha, refuse_last, off, slots, nb, ids, st, sb, shared,
@@ -961,41 +691,10 @@ _PYTHON = Backend("python", plan_chunk, run_chunk, step_one, PyOneState)
 _COMPILED: Backend | None = None
 
 
-def _env_allows_numba() -> bool:
-    return os.environ.get("STREAM_DP_NUMBA", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-_ACTIVE = [NUMBA_INSTALLED and _env_allows_numba()]
-
-
-def numba_active() -> bool:
-    """True when the learners run the compiled kernels."""
-    return _ACTIVE[0]
-
-
-@contextlib.contextmanager
-def use_numba(enabled: bool) -> Iterator[None]:
-    """Temporarily force the compiled kernels on (if installed) or off (pure NumPy).
-
-    Examples
-    --------
-    >>> with use_numba(False):
-    ...     backend().name
-    'python'
-
-    """
-    previous = _ACTIVE[0]
-    _ACTIVE[0] = bool(enabled) and NUMBA_INSTALLED
-    try:
-        yield
-    finally:
-        _ACTIVE[0] = previous
-
-
 def backend() -> Backend:
     """The active backend (compiled on first use; numba caches the machine code on disk)."""
     global _COMPILED
-    if not _ACTIVE[0]:
+    if not numba_active():
         return _PYTHON
     if _COMPILED is None:
         _COMPILED = Backend(

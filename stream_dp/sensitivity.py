@@ -29,14 +29,9 @@ import numpy as np
 
 from stream_dp._kernels import cert_admit, cert_step, contraction
 
-__all__ = ["CertifiedSensitivity", "contraction", "huai_sensitivity"]
+__all__ = ["CertifiedSensitivity", "contraction"]
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
-
-
-def huai_sensitivity(lipschitz: float, alpha: float, t: int) -> float:
-    """Huai et al. (2020) Lemma 4: ``‖w_t − w'_t‖ ≤ 8G/(αt)`` (full buffer, T1 as in Alg. 1)."""
-    return 8.0 * lipschitz / (alpha * t)
 
 
 def _state_property(index: int, doc: str) -> property:

@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 import pytest
 
-from stream_dp import _kernels
+from stream_dp import _jit, _kernels
 from stream_dp.buffers import make_buffer
 from stream_dp.constraints import L2Ball, PSDFrobeniusBall
 from stream_dp.losses import Regularized, get_loss
@@ -106,7 +106,7 @@ def _assert_same(a: dict, b: dict) -> None:
 def _run(make, X, y, *, numba: bool, mode: str, checkpoint_at: int | None = None):
     """Feed the stream through one path; return the final snapshot and the model."""
     labels = _labels(y)
-    with _kernels.use_numba(numba), warnings.catch_warnings():
+    with _jit.use_numba(numba), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # exhaustion warnings
         m = make()
         start = 0
@@ -229,7 +229,7 @@ def test_giga_learn_many_equals_learn_one() -> None:
     for task in ("auc", "metric"):
         X, y = _stream(5, task)
         labels = _labels(y)
-        with _kernels.use_numba(False):
+        with _jit.use_numba(False):
             ref = PairwiseGIGA(task=task, alpha=0.5, buffer="fifo:8")
             for x, lab in zip(X, labels, strict=True):
                 ref.learn_one(x, lab)
@@ -328,7 +328,7 @@ def test_pair_terms_are_the_regularised_loss(task: str, numba: bool) -> None:
         w, s = PSDFrobeniusBall(1.0).project(A), PSDFrobeniusBall(1.0).project(B)
     loss = get_loss(task)
     g = np.zeros(w.size)
-    if numba and _kernels.NUMBA_INSTALLED:
+    if numba and _jit.NUMBA_INSTALLED:
         import numba as nb
 
         @nb.njit
@@ -589,7 +589,7 @@ def test_a_long_batch_is_cut_into_kernel_calls_without_changing_anything() -> No
 
 def test_decay_bounds_compiled_equals_numpy_bit_for_bit() -> None:
     """The certified recurrence's slot update: the numba loop gives NumPy's bits and maximum."""
-    if not _kernels.NUMBA_INSTALLED:
+    if not _jit.NUMBA_INSTALLED:
         pytest.skip("numba is not installed")
     import numba
 

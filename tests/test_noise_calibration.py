@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import special
 
-from stream_dp import _kernels
+from stream_dp import _jit
 from stream_dp.online import OnPairC, OnPairStrC
 from stream_dp.privacy import (
     BudgetExhausted,
@@ -301,7 +301,7 @@ def test_release_noise_has_variance_sigma_squared_over_2000_seeds() -> None:
 def test_release_is_projected_iterate_plus_keyed_noise_at_the_ledger_sigma(
     task: str, numba: bool
 ) -> None:
-    with _kernels.use_numba(numba):
+    with _jit.use_numba(numba):
         model = OnPairStrC(
             task=task, epsilon=EPS, delta=DELTA, horizon=30, alpha=1.0, warmup=5,
             buffer="fifo:5", seed=11, reproducible=True, model_id="m-7", track_regret=False,
@@ -315,7 +315,7 @@ def test_release_is_projected_iterate_plus_keyed_noise_at_the_ledger_sigma(
             event = model.accountant.ledger[-1]
             noise = keyed.gaussian(t, model._w.shape, event.sigma)
             expected = model._constraint.project(model._w + noise)  # NumPy code, LAPACK eigh
-            if numba and task == "metric" and _kernels.NUMBA_INSTALLED:
+            if numba and task == "metric" and _jit.NUMBA_INSTALLED:
                 # The compiled projection decomposes with its own eigensolver: the same exact
                 # projection, rounded differently; any other noise would be off by far more.
                 np.testing.assert_allclose(model.private_weights, expected, rtol=0, atol=1e-12)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream_dp import _kernels
+from stream_dp import _jit
 
 HERE = Path(__file__).resolve().parent / "fixtures"
 _spec = importlib.util.spec_from_file_location(
@@ -33,15 +33,15 @@ CONFIGS = json.loads(str(FIXTURE["configs"]))
 
 
 def _same_platform() -> bool:
-    return _kernels.NUMBA_INSTALLED and maker.platform_tag() == str(FIXTURE["platform"])
+    return _jit.NUMBA_INSTALLED and maker.platform_tag() == str(FIXTURE["platform"])
 
 
 @pytest.mark.parametrize("backend", ["numba", "python"])
 @pytest.mark.parametrize("k", range(len(CONFIGS)), ids=lambda k: f"{k}-{CONFIGS[k]['cls']}")
 def test_published_values_are_unchanged(k: int, backend: str) -> None:
-    if backend == "numba" and not _kernels.NUMBA_INSTALLED:
+    if backend == "numba" and not _jit.NUMBA_INSTALLED:
         pytest.skip("numba is not installed")
-    with _kernels.use_numba(backend == "numba"):
+    with _jit.use_numba(backend == "numba"):
         got = maker.run(CONFIGS[k])
     exact = backend == "numba" and _same_platform()
     for key, value in got.items():

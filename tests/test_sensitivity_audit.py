@@ -25,9 +25,10 @@ import numpy as np
 import pytest
 
 from stream_dp.buffers import make_buffer
-from stream_dp.online import OnPairC, OnPairStrC, huai_step_size
+from stream_dp.huai import huai_sensitivity, huai_step_size
+from stream_dp.online import OnPairC, OnPairStrC
 from stream_dp.privacy.noise import KeyedNoise
-from stream_dp.sensitivity import CertifiedSensitivity, huai_sensitivity
+from stream_dp.sensitivity import CertifiedSensitivity
 
 __all__: list[str] = []
 

@@ -32,8 +32,8 @@ import numpy as np
 from scipy import special
 
 from stream_dp.constraints import ConstraintSet, L2Ball, PSDFrobeniusBall, PSDNuclearBall
+from stream_dp.linalg import psd_sqrt
 from stream_dp.losses import LossConstants, PairwiseLoss, Regularized, get_loss
-from stream_dp.online.interfaces import psd_sqrt
 from stream_dp.privacy.accountant import ApproxDPAccountant, PureDPAccountant
 from stream_dp.privacy.events import ApproxDPEvent, LaplaceEvent
 from stream_dp.privacy.mechanisms import gaussian_sigma_classic_safe, laplace_scale_from_l2

@@ -12,9 +12,9 @@ import warnings
 import numpy as np
 
 from stream_dp.constraints import ConstraintSet
+from stream_dp.huai import huai_step_size, huai_warmup
 from stream_dp.losses import PairwiseLoss
 from stream_dp.offline.base import OfflinePairwiseBase, _positive, _positive_int, make_constraint
-from stream_dp.online.base import huai_step_size, huai_warmup
 from stream_dp.privacy.mechanisms import offpair_sensitivity
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.sensitivity import CertifiedSensitivity

@@ -20,15 +20,10 @@ import numpy as np
 from river import base
 
 from stream_dp import _kernels
-from stream_dp._kernels import (
-    LEARN,
-    RELEASE,
-    huai_step_size,
-    is_release_step,
-    window_mean,
-)
+from stream_dp._kernels import LEARN, RELEASE, window_mean
 from stream_dp.buffers import Buffer, make_buffer
 from stream_dp.constraints import ConstraintSet, L2Ball, PSDFrobeniusBall
+from stream_dp.huai import huai_sensitivity, huai_step_size, huai_warmup, is_release_step
 from stream_dp.losses import (
     LogisticAUCLoss,
     LogisticMetricLoss,
@@ -51,16 +46,11 @@ from stream_dp.records import (
     clip_rows,
 )
 from stream_dp.regret import RegretTracker
-from stream_dp.sensitivity import CertifiedSensitivity, huai_sensitivity
+from stream_dp.sensitivity import CertifiedSensitivity
 
 __all__ = ["PairwiseOnlineBase", "PrivateOnlineBase", "huai_step_size", "huai_warmup"]
 
 TASKS = ("auc", "metric")
-
-
-def huai_warmup(smoothness: float, alpha: float) -> int:
-    """Huai et al. (2020) Alg. 1: ``T1 = max(⌈16L/α²⌉, 7)``."""
-    return max(math.ceil(16.0 * smoothness / alpha**2), 7)
 
 
 def _constraint_for(task: str, radius: float) -> ConstraintSet:

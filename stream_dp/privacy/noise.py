@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from stream_dp import _jit
 from stream_dp.privacy.secrets import PURPOSES, derive_key, new_secret
 
 __all__ = ["BLOCK_VALUES", "MAX_ROWS_PER_BLOCK", "KeyedNoise", "PURPOSES", "rows_per_block"]
@@ -52,12 +53,10 @@ def _compiled_fill():
     algorithms part: the values must stay those of NumPy, whatever the backend.
     """
     if not _COMPILED_FILL:
-        from stream_dp import _kernels
-
         fill = None
-        if _kernels.NUMBA_INSTALLED:
+        if _jit.NUMBA_INSTALLED:
             try:
-                fill = _kernels.numba.njit(cache=True)(_standard_normal_rows)
+                fill = _jit.njit(_standard_normal_rows)
                 key = np.array([0x243F6A8885A308D3, 0x13198A2E03707344], dtype=np.uint64)
                 for block, shape in ((0, (64, 1024)), (7, (3, 5))):
                     counter = np.array([0, 0, block, 0], dtype=np.uint64)
@@ -74,10 +73,8 @@ def _compiled_fill():
 
 def _standard_normal_block(bitgen: np.random.BitGenerator, m: int, n: int) -> np.ndarray:
     """``Generator(bitgen).standard_normal((m, n))``, compiled when the kernels are."""
-    from stream_dp import _kernels  # (imported here: numba is not needed to import this module)
-
     gen = np.random.Generator(bitgen)
-    fill = _compiled_fill() if _kernels.numba_active() else None
+    fill = _compiled_fill() if _jit.numba_active() else None
     if fill is None:
         return gen.standard_normal((m, n))
     return fill(gen, m, n)
