@@ -1,9 +1,9 @@
-"""Buffers of past records that each new record is paired with (SPEC §4).
+"""Buffers of past records that each new record is paired with.
 
 Which records sit in a buffer depends only on arrival indices and a keyed RNG, never on record
 values — otherwise the sensitivity analysis breaks. Buffers preallocate their arrays; a slot is
 identified by its row, and ``ids`` holds the arrival step of the record in each slot, which the
-certified-sensitivity tracker needs.
+certified-sensitivity tracker needs (``docs/privacy.md``, *Certified sensitivity*).
 
 """
 
@@ -66,18 +66,9 @@ class Buffer:
         and ``nb[j]`` is the number of members before it arrives (``nb[m]`` after the last).
         A pure function of the indices and the keyed coins — never of record values. Storage
         is grown here if needed (``all``); membership changes only through :meth:`add` or the
-        kernels' writes followed by :meth:`advance`. For ``m == 1`` FIFO and ``all`` buffers
-        return the same three small arrays every time (no allocation on the per-record path):
-        use them before the next call.
+        fast path's writes followed by :meth:`advance`.
         """
         raise NotImplementedError  # pragma: no cover
-
-    def _single(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        one = self.__dict__.get("_one")
-        if one is None:
-            one = (np.array([0, 1], dtype=np.int64), np.zeros(1, np.int64), np.zeros(2, np.int64))
-            self._one = one
-        return one
 
     def advance(self, k: int) -> None:
         """Account for ``k`` records written as :meth:`plan_writes` planned (size, ring head)."""
@@ -154,22 +145,36 @@ class AllBuffer(Buffer):
     kind = "all"
 
     def __init__(self, warn_above: int = 100_000) -> None:
+        # (members, unused, storage rows) in one array, shared with the compiled fast path.
+        self._ring = np.array([0, 0, 0], dtype=np.int64)
         super().__init__()
         self.warn_above = int(warn_above)
         self._warned = False
+
+    @property
+    def n(self) -> int:
+        return int(self._ring[0])
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self._ring[0] = value
+
+    def ring_state(self) -> np.ndarray:
+        """``[members, 0, storage rows]``, read and advanced in place by the fast path."""
+        return self._ring
 
     def bind(self, dim: int) -> None:
         self.dim = dim
         self._alloc(64, dim)
 
-    def plan_writes(self, t0, m, noise=None):
-        if m == 1 and self.n < len(self.Y):
-            off, slots, nb = self._single()
-            slots[0] = nb[0] = self.n
-            nb[1] = self.n + 1
-            return off, slots, nb
+    def _alloc(self, rows: int, dim: int) -> None:
+        super()._alloc(rows, dim)
+        self._ring[2] = rows
+
+    def reserve(self, m: int) -> None:
+        """Make room for m more records (storage doubles, as one append at a time would)."""
         need = self.n + m
-        if need > len(self.Y):  # double, as one append at a time would
+        if need > len(self.Y):
             cap = len(self.Y)
             while cap < need:
                 cap *= 2
@@ -180,7 +185,10 @@ class AllBuffer(Buffer):
                 Y[: self.n],
                 ids[: self.n],
             )
-        rows = np.arange(self.n, need + 1, dtype=np.int64)
+
+    def plan_writes(self, t0, m, noise=None):
+        self.reserve(m)
+        rows = np.arange(self.n, self.n + m + 1, dtype=np.int64)
         return np.arange(m + 1, dtype=np.int64), rows[:m], rows
 
     def advance(self, k):
@@ -207,8 +215,7 @@ class FIFOBuffer(Buffer):
     def __init__(self, size: int) -> None:
         if int(size) < 1:
             raise ValueError(f"buffer size must be >= 1, got {size!r}")
-        # (members, ring head, size) in one array, which the compiled one-record step of the
-        # online learners (stream_dp._kernels.step_one) reads and advances in place.
+        # (members, ring head, size) in one array, shared with the compiled fast path.
         self._ring = np.array([0, 0, int(size)], dtype=np.int64)
         super().__init__()
         self.size = int(size)
@@ -233,14 +240,11 @@ class FIFOBuffer(Buffer):
     def capacity(self) -> int:
         return self.size
 
+    def ring_state(self) -> np.ndarray:
+        """``[members, next slot, size]``, read and advanced in place by the fast path."""
+        return self._ring
+
     def plan_writes(self, t0, m, noise=None):
-        if m == 1:
-            one = self._single()
-            n, nb = self.n, one[2]
-            one[1][0] = self._next
-            nb[0] = n
-            nb[1] = min(n + 1, self.size)
-            return one
         j = np.arange(m + 1, dtype=np.int64)
         return j, (self._next + j[:m]) % self.size, np.minimum(self.n + j, self.size)
 

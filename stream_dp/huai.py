@@ -14,7 +14,13 @@ import math
 
 from stream_dp._jit import jitable
 
-__all__ = ["huai_sensitivity", "huai_step_size", "huai_warmup", "is_release_step"]
+__all__ = [
+    "alpha_for_warmup",
+    "huai_sensitivity",
+    "huai_step_size",
+    "huai_warmup",
+    "is_release_step",
+]
 
 
 def huai_warmup(smoothness: float, alpha: float) -> int:
@@ -27,6 +33,29 @@ def huai_warmup(smoothness: float, alpha: float) -> int:
 
     """
     return max(math.ceil(16.0 * smoothness / alpha**2), 7)
+
+
+def alpha_for_warmup(base_smoothness: float, max_warmup: float) -> float:
+    """The smallest α whose warm-up ``T1 = max(⌈16(L + α)/α²⌉, 7)`` is at most ``max_warmup``.
+
+    ``L`` is the smoothness of the unregularised loss (the regulariser adds α to it). The
+    positive root of ``16(L + α) = T·α²``, raised by ulps until the ceiling agrees.
+
+    Examples
+    --------
+    >>> a = alpha_for_warmup(4.0, 100)
+    >>> huai_warmup(4.0 + a, a) <= 100 < huai_warmup(4.0 + a * 0.999, a * 0.999)
+    True
+
+    """
+    T = float(max_warmup)
+    if T < 7:
+        raise ValueError(f"the warm-up is at least 7 steps (Huai et al. Alg. 1), got {max_warmup}")
+    L = float(base_smoothness)
+    alpha = (16.0 + math.sqrt(256.0 + 64.0 * T * L)) / (2.0 * T)
+    while huai_warmup(L + alpha, alpha) > T:
+        alpha = math.nextafter(alpha, math.inf)
+    return alpha
 
 
 @jitable
@@ -47,6 +76,7 @@ def huai_step_size(t, alpha):
     return 2.0 * (t - 1) / (alpha * t * (t - 2))
 
 
+@jitable
 def huai_sensitivity(lipschitz: float, alpha: float, t: int) -> float:
     """Huai et al. (2020) Lemma 4: ``‖w_t − w'_t‖ ≤ 8G/(αt)`` (full buffer, T1 as in Alg. 1).
 

@@ -1,8 +1,12 @@
-"""Online private pairwise learners with river's interface."""
+"""Online private pairwise learners with river's interface.
+
+``OnPairStrC``, ``OnPairC`` (Huai et al. 2020, Algorithms 1–2) and the non-private
+``PairwiseGIGA``, each a river classifier (``task="auc"``) or supervised transformer
+(``task="metric"``), and ``PrivateMetricKNN``, a kNN classifier on a private learned metric.
+"""
 
 from __future__ import annotations
 
-from stream_dp.online.base import huai_step_size, huai_warmup
 from stream_dp.online.giga import PairwiseGIGA
 from stream_dp.online.interfaces import PrivateMetricDistance
 from stream_dp.online.knn import PrivateMetricKNN
@@ -15,6 +19,4 @@ __all__ = [
     "PairwiseGIGA",
     "PrivateMetricDistance",
     "PrivateMetricKNN",
-    "huai_step_size",
-    "huai_warmup",
 ]

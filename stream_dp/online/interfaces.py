@@ -2,7 +2,7 @@
 
 Both read the model through ``_served_weights()`` — the latest release (or the smoothed
 release) for the private learners — never the internal iterate: predictions leave the trust
-boundary too (SPEC §6).
+boundary too (``docs/privacy.md``, *Threat model*).
 
 """
 

@@ -9,9 +9,29 @@ own cost, so the ledger never stores a number that is not derivable from the mec
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
-__all__ = ["GaussianEvent", "LaplaceEvent", "ApproxDPEvent", "Event", "gaussian_rho"]
+__all__ = [
+    "ApproxDPEvent",
+    "Event",
+    "GaussianEvent",
+    "LaplaceEvent",
+    "NeighbouringRelation",
+    "gaussian_rho",
+]
+
+
+class NeighbouringRelation(enum.Enum):
+    """Which datasets (streams) count as neighbours: what one guarantee protects.
+
+    Every mechanism of the project is calibrated for :attr:`REPLACE_ONE` — two streams of the
+    same length differing in one record, anywhere, features and label (``docs/privacy.md``,
+    *Privacy unit and neighbouring streams*). An accountant composes only events calibrated for
+    its relation.
+    """
+
+    REPLACE_ONE = "replace-one"
 
 
 def gaussian_rho(sensitivity: float, sigma: float) -> float:

@@ -11,7 +11,11 @@ import math
 
 import numpy as np
 
+from stream_dp._jit import jitable
+
 __all__ = [
+    "ZERO_SENSITIVITY_SIGMA",
+    "release_sigma",
     "gaussian_sigma_zcdp",
     "gaussian_sigma_approx_dp",
     "laplace_scale",
@@ -45,7 +49,35 @@ def gaussian_sigma_zcdp(sensitivity: float, rho: float) -> float:
         raise ValueError(f"rho must be > 0, got {rho!r}")
     if not sensitivity >= 0:
         raise ValueError(f"sensitivity must be >= 0, got {sensitivity!r}")
+    return _zcdp_sigma(sensitivity, rho)
+
+
+@jitable
+def _zcdp_sigma(sensitivity, rho):
     return sensitivity / math.sqrt(2.0 * rho)
+
+
+#: σ of a release whose sensitivity is 0: it carries no information about the data, and a
+#: Gaussian event needs σ > 0.
+ZERO_SENSITIVITY_SIGMA = 1e-300
+
+
+@jitable
+def release_sigma(sensitivity, rho):
+    """σ of a Gaussian release of sensitivity Δ ≥ 0 at a ρ > 0 share of the budget.
+
+    :func:`gaussian_sigma_zcdp` for Δ > 0, :data:`ZERO_SENSITIVITY_SIGMA` for Δ = 0. Called by
+    the online learners' reference step and, compiled, by their fast path (one rule for both).
+
+    Examples
+    --------
+    >>> release_sigma(2.0, 2.0), release_sigma(0.0, 1.0)
+    (1.0, 1e-300)
+
+    """
+    if sensitivity > 0:
+        return _zcdp_sigma(sensitivity, rho)
+    return ZERO_SENSITIVITY_SIGMA
 
 
 def gaussian_sigma_approx_dp(sensitivity: float, epsilon: float, delta: float) -> float:

@@ -153,8 +153,10 @@ class KeyedNoise:
             raise ValueError("steps are non-negative")
         return np.random.Generator(self._bitgen(purpose, step, _STEP_LANE))
 
-    def _block(self, block: int, size: int, purpose: str) -> np.ndarray:
-        """Standard normal rows ``(B, size)`` of block ``block`` (the latest one is cached)."""
+    def block(self, block: int, size: int, purpose: str = "release") -> np.ndarray:
+        """The standard-normal rows ``(B, size)`` of block ``block``, ``B =
+        rows_per_block(size)``: step t's row is row ``t mod B`` of block ``⌊t/B⌋`` (the latest
+        block of each purpose and size is cached; treat it as read-only)."""
         key = (purpose, size)
         hit = self._blocks.get(key)
         if hit is not None and hit[0] == block:
@@ -195,7 +197,7 @@ class KeyedNoise:
         per_block = rows_per_block(size)
         if per_block == 1:
             raise ValueError(f"{size} values per step are drawn per step, not in blocks")
-        return self._block(step // per_block, size, purpose)[step % per_block]
+        return self.block(step // per_block, size, purpose)[step % per_block]
 
     def gaussian_rows(
         self, steps: np.ndarray, size: int, sigmas: np.ndarray, purpose: str = "release"
@@ -219,13 +221,13 @@ class KeyedNoise:
         if m == 1:
             t = int(steps[0])
             r = t % per_block
-            return sigmas[0] * self._block(t // per_block, size, purpose)[r : r + 1]
+            return sigmas[0] * self.block(t // per_block, size, purpose)[r : r + 1]
         blocks = steps // per_block
         rows = steps % per_block
         out = np.empty((m, size))
         for b in np.unique(blocks):
             sel = blocks == b
-            out[sel] = self._block(int(b), size, purpose)[rows[sel]]
+            out[sel] = self.block(int(b), size, purpose)[rows[sel]]
         out *= sigmas[:, None]
         return out
 
