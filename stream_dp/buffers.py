@@ -193,6 +193,10 @@ class AllBuffer(Buffer):
 
     def advance(self, k):
         self.n += k
+        self.check_size()
+
+    def check_size(self) -> None:
+        """Warn once when the buffer passes ``warn_above`` records."""
         if self.n > self.warn_above and not self._warned:
             self._warned = True
             warnings.warn(

@@ -117,8 +117,10 @@ def test_canary_attains_the_certified_sensitivity(task, cls):
     worst case, so any shortfall of noise shows."""
     design = canary_design(task, dim=6, length=5)
     target = online_target(cls.__name__.lower(), design, EPS, DELTA, noise_multiplier=0.0)
-    learner = cls(task=task, epsilon=EPS, delta=DELTA, horizon=5, alpha=design.alpha, warmup=1)
-    diam = learner._constraint.diameter
+    learner = cls(
+        task=task, epsilon=EPS, delta=DELTA, horizon=5, alpha=design.alpha, warmup=1, features=6
+    )
+    diam = learner.constraint.diameter
     for secret in (1, 2, 3):
         with_c, _ = target.observe(True, secret)
         without, _ = target.observe(False, secret + 100)
@@ -140,7 +142,7 @@ def test_trial_learner_is_the_production_learner():
     obs, claim = target.observe(True, 12345)
     direct = OnPairStrC(
         task="auc", epsilon=EPS, delta=DELTA, horizon=4, alpha=design.alpha, warmup=1,
-        seed=12345, reproducible=True, model_id="audit", track_regret=False,
+        seed=12345, reproducible=True, model_id="audit", track_regret=False, features=4,
     )  # fmt: skip
     expected = []
     for x, y in design.stream(True):

@@ -1,7 +1,7 @@
-"""The metric learner's numeric kernels on both backends (issue 5).
+"""The metric learner's compiled linear algebra, on both backends.
 
 The compiled path decomposes symmetric matrices with its own eigensolver (Householder + implicit
-QL, :func:`stream_dp.linalg._eigh_ql`), the NumPy path with LAPACK ``dsyevd``; the release is the
+QL, :func:`stream_dp.linalg._eigh_ql`), the reference with LAPACK ``dsyevd``; the release is the
 Euclidean projection onto ``{W ⪰ 0, ‖W‖_F ≤ D}`` either way, so the two agree to rounding. The
 noise blocks are NumPy's standard normals on both backends, bit for bit.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stream_dp import _jit, _kernels, linalg
+from stream_dp import _jit, constraints, linalg
 from stream_dp.linalg import psd_sqrt, sqrt_factors, sqrt_from_eigh
 from stream_dp.online import OnPairStrC
 from stream_dp.privacy import noise as noise_mod
@@ -70,9 +70,9 @@ def test_compiled_eigensolver_is_an_eigendecomposition(d: int) -> None:
 @pytest.mark.parametrize("numba", [False, True])
 @pytest.mark.parametrize("d", [4, 32])
 def test_psd_projection_is_the_euclidean_projection_on_both_backends(d: int, numba: bool) -> None:
-    project = _kernels.project_psd_frobenius
+    project = constraints.project_psd_frobenius
     if numba and _jit.NUMBA_INSTALLED:
-        project = _jit.numba.njit(_kernels.project_psd_frobenius)
+        project = _jit.numba.njit(constraints.project_psd_frobenius)
     rng = np.random.default_rng(7 * d)
     radius = 1.0
     cases = [S / np.abs(S).max() if np.abs(S).max() > 0 else S for S in _symmetric_cases(rng, d)]
@@ -189,7 +189,7 @@ def test_metric_learner_at_d32_is_the_same_on_both_backends(batched: bool) -> No
     got, got_rel, got_tr = _run(True, X, y, batched=batched)
     assert got.accountant.ledger == ref.accountant.ledger  # bit for bit
     assert got.last_sigma == ref.last_sigma
-    np.testing.assert_allclose(got._w, ref._w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.state_dict()["w"], ref.state_dict()["w"], rtol=0, atol=1e-12)
     if not batched:
         for a, b in zip(got_rel, ref_rel, strict=True):
             if b is None:

@@ -47,8 +47,8 @@ exactly as the proof does: each trial draws it afresh with its secret.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-import pickle
 import time
 from collections.abc import Callable
 
@@ -276,19 +276,18 @@ def online_target(
         reproducible=True,  # trials re-key the noise from the audit's own seed (never private)
         model_id="audit",
         track_regret=False,
+        features=design.dim,
     )
     params.update(learner_params)
+    if multiplier != 1.0:  # the learner's noise collaborator, weakened (test only)
+        params["noise"] = functools.partial(_WeakenedReleaseNoise, multiplier=multiplier)
     template = classes[algorithm](**params)
-    blob = pickle.dumps(template)
-    model_id = template.model_id
     stream = {w: design.stream(w) for w in (False, True)}
     probe = design.probe.ravel()
 
     def observe(with_canary: bool, secret: int) -> tuple[np.ndarray, tuple[float, float]]:
-        # A fresh copy of the configured (untrained) learner keyed by this trial's secret: the
-        # same object ``cls(**params, seed=secret)`` builds, without re-deriving ρ each trial.
-        learner = pickle.loads(blob)
-        learner._noise = _noise_for(secret, model_id, multiplier)
+        # A fresh learner with the configured parameters, keyed by this trial's secret.
+        learner = template.clone({"seed": secret})
         out = np.empty(design.length)
         for i, (x, y) in enumerate(stream[with_canary]):
             learner.learn_one(x, y)

@@ -138,6 +138,11 @@ class PairwiseLearner(base.Estimator):
         return self._loss
 
     @property
+    def constraint(self) -> ConstraintSet:
+        """C: the set every iterate and release is projected onto."""
+        return self._constraint
+
+    @property
     def mechanism(self) -> Mechanism:
         return self._state.mechanism
 
@@ -191,10 +196,12 @@ class PairwiseLearner(base.Estimator):
         fast = self._fast
         if fast is not None and fast.available(s.t, 1):
             fast.run_one(xv, yv)
-        elif not reference_step(s, xv, yv):
-            self._exhaust()
-            return
+            released = True
+        else:
+            released = reference_step(s, xv, yv)
         self._input.accept(y)
+        if not released:
+            self._exhaust()
 
     def learn_many(self, X, y) -> None:
         """Learn from a batch: exactly the effect of ``learn_one`` on each row, in order.
@@ -222,13 +229,14 @@ class PairwiseLearner(base.Estimator):
         i = 0
         while i < k:
             if not self._may_learn():
-                self.n_rejected += m - i
-                return
+                self.n_rejected += k - i
+                break
             j = self._learn_rows(rows, codes, i, k)
-            if j < 0:
-                self._exhaust()
-                return
+            refused = j < 0
+            j = i + 1 if refused else j
             inp.accept_batch(clipped[i:j], labels[i:j])
+            if refused:
+                self._exhaust()
             i = j
         if k < m:
             self.learn_one(inp.row(X, k), labels[k])  # raises as learn_one does
@@ -355,7 +363,6 @@ class PairwiseLearner(base.Estimator):
         self._input.load_state_dict(state["input"])
         self._noise = KeyedNoise(int(state["secret"]), self.model_id)
         s.noise = self._noise
-        s.buffer.load_state_dict(state["buffer"])
         s.t = int(state["t"])
         s.w = None
         self._fast = None
@@ -363,6 +370,7 @@ class PairwiseLearner(base.Estimator):
             self._bind()
             s.w[:] = np.asarray(state["w"], dtype=float).reshape(-1)
             s.ring.load_state_dict(state["ring"])
+        s.buffer.load_state_dict(state["buffer"])
         s.mechanism.load_state_dict(state["mechanism"])
         s.exhausted = bool(state["exhausted"])
         s.regret.cumulative, s.regret.steps = state["regret"]

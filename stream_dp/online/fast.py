@@ -213,7 +213,7 @@ class FastPath:
         self.slots = np.zeros(max(1, buf.capacity or 1), dtype=np.int64)
         self._struct = None
         self._sources: tuple = ()
-        self._releases = np.zeros(0, dtype=np.int64)
+        self._count = 0  # releases among the steps available() granted
 
     @staticmethod
     def build(s: LearnerState) -> FastPath | None:
@@ -292,19 +292,17 @@ class FastPath:
         horizon = mech.horizon
         if horizon is not None:
             m = min(m, int(horizon) - t0)
-        if m == 1:
-            count = int(mech.releases_at(t0 + 1))
-        else:
-            self._releases = mech.releases_in(t0, m)
-            count = len(self._releases)
+        count = int(mech.releases_at(t0 + 1)) if m == 1 else len(mech.releases_in(t0, m))
         if count and not mech.certain(count):
             # The budget's last releases: one step at a time, each release decided exactly.
             t = t0 + 1
-            if not mech.releases_at(t):
-                return 1
-            buf = self.s.buffer
-            ok = mech.affordable(t, self.s.step_size(t), len(buf), buf.member_ids())
-            return 1 if ok else 0
+            m = 1
+            count = int(mech.releases_at(t))
+            if count:
+                buf = self.s.buffer
+                if not mech.affordable(t, self.s.step_size(t), len(buf), buf.member_ids()):
+                    return 0
+        self._count = count
         return max(m, 0)
 
     def run_one(self, x: np.ndarray, y: float) -> None:
@@ -331,7 +329,7 @@ class FastPath:
         if mech.private:
             self._noise_block(t0)
             k = mech.n_charged
-            for i in range(len(self._releases)):
+            for i in range(self._count):
                 self.rhos[i] = mech.rho(k + 1 + i)
         _RUN_MANY(S, X, Y, m)
         self._finish(t0, m)
@@ -359,6 +357,8 @@ class FastPath:
         s, mech = self.s, self.mech
         if self.kind == _RESERVOIR:
             s.buffer.advance(m)
+        elif self.kind == _ALL:
+            s.buffer.check_size()
         s.t = t0 + m
         r = int(self.ctr[RELEASES])
         if r:

@@ -204,7 +204,7 @@ class OnPairStrC(PairwiseLearner):
                 "sensitivity='paper' (Huai Lemma 4, 8G/(αt)) holds only for the full buffer and "
                 "the paper's T1; use sensitivity='certified'"
             )
-        if self.horizon is not None and T1 > int(self.horizon) / 10:
+        if self.warmup is None and self.horizon is not None and T1 > int(self.horizon) / 10:
             warnings.warn(
                 f"{type(self).__name__}: the warm-up T1 = {T1} is more than a tenth of the "
                 f"horizon {self.horizon}; its releases are random models. Raise alpha (or "
@@ -291,7 +291,7 @@ class OnPairStrC(PairwiseLearner):
         on record values — with the learner's own keyed coins, so a reservoir is simulated
         exactly. Operators see the noise before the first record.
         """
-        buf = make_buffer(copy.deepcopy(self.buffer), warn_above=math.inf)
+        buf = make_buffer(copy.deepcopy(self.buffer), warn_above=2**62)
         mech = self._mechanism(buf)
         buf.bind(1)
         last = max(steps) if steps else (
