@@ -1,9 +1,11 @@
 """DPGDSC, DPGDC, DPGDC2, DPEGD: projected gradient descent on the full pairwise risk.
 
 Xue, Yang, Huai, Wang. *Differentially Private Pairwise Learning Revisited.* IJCAI 2021,
-Algorithms 1–4 (SPEC §7). All four minimise the empirical risk of eq. (1),
+Algorithms 1–4. All four minimise the empirical risk of eq. (1),
 ``L(w; D) = 1/(n(n−1)) Σ_{i≠j} ℓ(w; z_i, z_j)``, with the vectorised
-:meth:`stream_dp.losses.PairwiseLoss.all_pairs_gradient`.
+:meth:`stream_dp.losses.PairwiseLoss.all_pairs_gradient`. The paper's sensitivities (Lemmas 1
+and 7, the proof of Theorem 3) and Algorithm 2's σ are here, next to the algorithms that use
+them (``docs/algorithms.md``, *DPGDSC* to *DPEGD*).
 """
 
 from __future__ import annotations
@@ -17,18 +19,97 @@ from stream_dp.constraints import ConstraintSet
 from stream_dp.losses import PairwiseLoss
 from stream_dp.offline.base import OfflinePairwiseBase, _positive, _positive_int, make_constraint
 from stream_dp.privacy.accountant import ZCDPAccountant
-from stream_dp.privacy.events import GaussianEvent
-from stream_dp.privacy.mechanisms import (
-    dpegd_sensitivity,
-    dpgdc2_sigma,
-    dpgdc_sensitivity,
-    dpgdsc_sensitivity,
-    gaussian_sigma_zcdp,
-    pairwise_gradient_sensitivity,
-)
+from stream_dp.privacy.events import GaussianEvent, gaussian_rho
+from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
 from stream_dp.privacy.noise import KeyedNoise
 
-__all__ = ["DPGDSC", "DPGDC", "DPGDC2", "DPEGD", "pgd", "calibrate_iterations"]
+__all__ = [
+    "DPEGD",
+    "DPGDC",
+    "DPGDC2",
+    "DPGDSC",
+    "calibrate_iterations",
+    "dpegd_sensitivity",
+    "dpgdc2_sigma",
+    "dpgdc_sensitivity",
+    "dpgdsc_sensitivity",
+    "pairwise_gradient_sensitivity",
+    "pgd",
+]
+
+
+# -- the paper's sensitivities and calibration -------------------------------------------------
+def dpgdsc_sensitivity(lipschitz: float, alpha: float, n: int) -> float:
+    """DPGDSC (Xue et al. 2021, Alg. 1, Lemma 1, eq. 3): ``‖w_T − w'_T‖ ≤ 8G/(αn)``.
+
+    Holds for every T as long as ``η ≤ 2/(L+α)`` (the gradient map is then a contraction).
+
+    Examples
+    --------
+    >>> dpgdsc_sensitivity(4.0, 0.5, 64)
+    1.0
+
+    """
+    return 8.0 * lipschitz / (alpha * n)
+
+
+def dpgdc_sensitivity(lipschitz: float, eta: float, n_iter: int, n: int) -> float:
+    """DPGDC (Xue et al. 2021, Alg. 4, Lemma 7, eq. 7): average of PGD iterates, ``4GηT/n``.
+
+    Holds for ``η ≤ 2/L`` (the gradient map of a convex L-smooth loss is then non-expansive).
+
+    Examples
+    --------
+    >>> dpgdc_sensitivity(4.0, 0.5, 10, 80)
+    1.0
+
+    """
+    return 4.0 * lipschitz * eta * n_iter / n
+
+
+def dpegd_sensitivity(lipschitz: float, eta_i: float) -> float:
+    """DPEGD epoch i (Xue et al. 2021, Alg. 3, proof of Thm. 3): ``4Gη_i T_i/n_i = 4Gη_i``.
+
+    Lemma 7 with ``T_i = n_i`` steps on the ``n_i`` records of part i.
+
+    Examples
+    --------
+    >>> dpegd_sensitivity(4.0, 0.125)
+    2.0
+
+    """
+    return 4.0 * lipschitz * eta_i
+
+
+def pairwise_gradient_sensitivity(lipschitz: float, n: int) -> float:
+    """ℓ2 sensitivity of the full pairwise gradient ``1/(n(n−1)) Σ_{i≠j} ∇ℓ``: ``4G/n``.
+
+    Replacing one record changes the 2(n − 1) ordered pairs it takes part in, each gradient by
+    at most 2G (Xue et al. 2021, proof of Lemma 1; Kang et al., App. B.2): the query that
+    DPGDC2 and Kang et al.'s GradPerturb perturb at every iteration.
+
+    Examples
+    --------
+    >>> pairwise_gradient_sensitivity(4.0, 100)
+    0.16
+
+    """
+    return 4.0 * lipschitz / n
+
+
+def dpgdc2_sigma(lipschitz: float, n_iter: int, n: int, epsilon: float, delta: float) -> float:
+    """DPGDC2 (Xue et al. 2021, Alg. 2 step 2): ``σ = 4G√(1.25·T·ln(1/δ))/(nε)`` per iteration.
+
+    Examples
+    --------
+    >>> round(dpgdc2_sigma(4.0, 100, 256, 1.0, 1 / 256), 4)
+    1.6455
+
+    """
+    return 4.0 * lipschitz * math.sqrt(1.25 * n_iter * math.log(1.0 / delta)) / (n * epsilon)
+
+
+# -- the optimiser and the ledger of gradient releases -----------------------------------------
 
 
 def pgd(
@@ -94,7 +175,7 @@ def calibrate_iterations(
     True
 
     """
-    rho_each = sensitivity**2 / (2.0 * sigma**2)
+    rho_each = gaussian_rho(sensitivity, sigma)
     budget = accountant.rho_budget * (1.0 - 1e-9)  # shave: n correctly rounded ρ's never overrun
     if n_iter * rho_each <= budget:
         return sigma, False
@@ -142,7 +223,7 @@ class DPGDSC(_PGDBase):
 
     Parameters
     ----------
-    task, epsilon, delta, data_radius, model_radius, seed, model_id
+    task, epsilon, delta, data_radius, model_radius, seed, reproducible, model_id
         As :class:`stream_dp.offline.OffPairStrC`.
     alpha
         λ of ``(λ/2)‖w‖²`` = the strong convexity (the paper: 1e-3 AUC, 1e-2 metric).
@@ -158,7 +239,7 @@ class DPGDSC(_PGDBase):
     >>> from stream_dp.offline import DPGDSC
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(50, 3)), rng.integers(0, 2, 50)
-    >>> model = DPGDSC(task="auc", epsilon=1.0, delta=1e-3, alpha=1.0, n_iter=20, seed=0)
+    >>> model = DPGDSC(task="auc", epsilon=1.0, delta=1e-3, alpha=1.0, n_iter=20)
     >>> model.fit(X, y).private_weights.shape
     (3,)
     >>> float(model.sensitivity_) == 8 * model.constants_.lipschitz / (1.0 * 50)
@@ -177,6 +258,7 @@ class DPGDSC(_PGDBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "dpgdsc",
     ) -> None:
         self.task = task
@@ -188,6 +270,7 @@ class DPGDSC(_PGDBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _check_params(self) -> None:
@@ -222,7 +305,8 @@ class DPGDC(_PGDBase):
 
     * δ > 0: ``σ = 4√(2 ln(1.25/δ)) GTη/(nε)`` (Alg. 4 step 5);
     * δ = 0: Laplace ``λ = 4GηT√p/(nε)`` per coordinate. **The paper's step 6 returns the
-      average without adding ζ** (a typo: it would not be private); we add it (SPEC §9.3).
+      average without adding ζ** (a typo: it would not be private); we add it
+      (``docs/algorithms.md``, *Where the project departs from the papers*, 3).
 
     The sensitivity ``4GηT/n`` is Lemma 7 (eq. 7). **Guarantee:** (ε, δ)- or ε-DP
     (Theorem 4), one ledger event. **Cost:** O(T·n²) pair evaluations.
@@ -244,7 +328,7 @@ class DPGDC(_PGDBase):
     >>> from stream_dp.offline import DPGDC
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(64, 3)), rng.integers(0, 2, 64)
-    >>> model = DPGDC(task="auc", epsilon=1.0, delta=0.0, seed=0).fit(X, y)
+    >>> model = DPGDC(task="auc", epsilon=1.0, delta=0.0).fit(X, y)
     >>> model.n_iter_, model.accountant.spent()
     (8, (1.0, 0.0))
 
@@ -261,6 +345,7 @@ class DPGDC(_PGDBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "dpgdc",
     ) -> None:
         self.task = task
@@ -272,6 +357,7 @@ class DPGDC(_PGDBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _statistic(self, X, Y, noise):
@@ -306,7 +392,8 @@ class DPGDC2(_PGDBase):
 
     **Composition and ledger.** Each iteration releases one Gaussian gradient with ℓ2
     sensitivity ``4G/n`` (the full pairwise gradient,
-    :func:`stream_dp.privacy.mechanisms.pairwise_gradient_sensitivity`). The paper's σ already
+    :func:`pairwise_gradient_sensitivity`), drawn under the ``"gradient"`` noise purpose. The
+    paper's σ already
     includes the composition over T (by advanced composition, proof omitted). Here every
     iteration is charged to a ``ZCDPAccountant`` as one ``GaussianEvent(step=t, 4G/n, σ)``;
     zCDP composes exactly and is converted to (ε, δ) rigorously (``conversion``). The paper's σ
@@ -338,7 +425,7 @@ class DPGDC2(_PGDBase):
     >>> from stream_dp.offline import DPGDC2
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(40, 3)), rng.integers(0, 2, 40)
-    >>> model = DPGDC2(task="auc", epsilon=1.0, delta=1e-3, seed=0).fit(X, y)
+    >>> model = DPGDC2(task="auc", epsilon=1.0, delta=1e-3).fit(X, y)
     >>> len(model.accountant.ledger) == model.n_iter_, model.sigma_raised_
     (True, False)
     >>> model.accountant.spent()[0] <= 1.0
@@ -360,6 +447,7 @@ class DPGDC2(_PGDBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "dpgdc2",
     ) -> None:
         self.task = task
@@ -372,6 +460,7 @@ class DPGDC2(_PGDBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _new_accountant(self):
@@ -413,8 +502,8 @@ class DPGDC2(_PGDBase):
         def gradient_noise(t, w):
             if trace is not None:
                 trace.append(w.copy())  # the iterate whose gradient is released (audits)
-            self.accountant.charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
-            return noise.gaussian(t, w.shape, sigma, purpose="offline")
+            self._charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
+            return noise.gaussian(t, w.shape, sigma, purpose="gradient")
 
         out = pgd(loss, constraint, X, Y, w0, eta, T, "with_start", gradient_noise)
         self.trace_ = trace
@@ -464,7 +553,7 @@ class DPEGD(_PGDBase):
     >>> from stream_dp.offline import DPEGD
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(64, 3)), rng.integers(0, 2, 64)
-    >>> model = DPEGD(task="auc", epsilon=1.0, delta=1e-3, seed=0).fit(X, y)
+    >>> model = DPEGD(task="auc", epsilon=1.0, delta=1e-3).fit(X, y)
     >>> [e["n"] for e in model.epochs_]
     [32, 16, 8, 4, 2, 2]
     >>> model.accountant.spent()
@@ -484,6 +573,7 @@ class DPEGD(_PGDBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "dpegd",
     ) -> None:
         self.task = task
@@ -494,6 +584,7 @@ class DPEGD(_PGDBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _partition(self, n: int, noise: KeyedNoise) -> list[np.ndarray]:
@@ -548,7 +639,7 @@ class DPEGD(_PGDBase):
         if add_noise and epochs[-1]["event"] is not None:
             # Parallel composition: every epoch has the same (ε, δ) on a disjoint part, so the
             # run costs one epoch's guarantee; the ledger records it once (the last epoch).
-            self.accountant.charge(epochs[-1]["event"])
+            self._charge(epochs[-1]["event"])
         return w, epochs, constraint
 
     def _fit_private(self, X, Y):
