@@ -225,3 +225,32 @@ def test_dppdml_edge_replacement_with_appendix_kappa():
         g2 = loss.clip_rows(loss.per_pair_gradients(W, D2, y2), est.clip, norm=1)
         diff = float(np.abs(g1.sum(0) - g2.sum(0)).sum()) / est.batch_size
         assert diff <= sens * (1 + TOL)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dppdml_record_replacement_sensitivity_with_class_labels(seed):
+    """``fit(X, y)``: the model's own graph is the same on neighbouring datasets (it depends on
+    n and the secret only); replacing one record — its features and its class, hence the labels
+    of all its pairs — moves each batch gradient by ≤ the calibrated ℓ1 sensitivity."""
+    rng = np.random.default_rng(seed)
+    n, d = 24, 3
+    X, y = rng.normal(size=(n, d)), rng.integers(0, 3, n)
+    est = DPPDML(epsilon=1.0, n_components=2, clip=0.3, batch_size=8, margin=1.5,
+                 seed=seed, reproducible=True).fit(X, y)  # fmt: skip
+    sens = est.sensitivity_
+    Xc, p, yl = est._pairs_from_classes(X, y, est._make_noise())
+    W = rng.normal(size=(2, d))
+    worst = 0.0
+    for s in range(n):
+        for xs, ys in ((-X[s] * 5, (y[s] + 1) % 3), (rng.normal(size=d), (y[s] + 2) % 3)):
+            X2, y2 = X.copy(), y.copy()
+            X2[s], y2[s] = xs, ys
+            Xc2, p2, yl2 = est._pairs_from_classes(X2, y2, est._make_noise())
+            np.testing.assert_array_equal(p2, p)  # the graph does not look at the data
+            for batch in _batches(est, len(p), 1):
+                g1 = est._batch_gradient(W, Xc, p, yl, batch)[0]
+                g2 = est._batch_gradient(W, Xc2, p, yl2, batch)[0]
+                diff = float(np.abs(g1 - g2).sum())
+                assert diff <= sens * (1 + TOL)
+                worst = max(worst, diff / sens)
+    assert worst > 0
