@@ -19,7 +19,7 @@ from stream_dp.losses import (
     LogisticMetricLoss,
     Regularized,
 )
-from stream_dp.offline import huai, kang, li, xue, yang
+from stream_dp.offline import huai, kang, li, pgd, xue, yang
 from stream_dp.privacy import mechanisms as mech
 from stream_dp.privacy.conversions import gaussian_delta_exact
 
@@ -124,7 +124,7 @@ def test_gradient_perturbation_sigmas():
     assert kang.gradperturb_sigma(G, T, N, EPS, DELTA) == pytest.approx(
         8 * G * math.sqrt(T * math.log(1 / DELTA)) / (N * EPS)
     )
-    assert xue.pairwise_gradient_sensitivity(G, N) == 4 * G / N
+    assert pgd.pairwise_gradient_sensitivity(G, N) == 4 * G / N
 
 
 def test_pairwise_sgd_sigma_is_e_times_eq5_for_T_at_least_n():

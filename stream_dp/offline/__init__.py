@@ -15,7 +15,8 @@ class              paper                       mechanism              ledger
 =================  ==========================  =====================  ==========================
 
 Each paper's sensitivities and noise calibrations live in its module, next to its algorithm
-(``huai``, ``xue``, ``kang``, ``yang``, ``li``); the generic mechanisms are in
+(``huai``, ``xue``, ``kang``, ``yang``, ``li``; ``pgd`` holds the full-gradient optimiser Xue
+et al. and Kang et al. share); the generic mechanisms are in
 :mod:`stream_dp.privacy.mechanisms`. With scikit-learn installed (optional, 1.6 or newer) every
 class is a scikit-learn estimator: a classifier for ``task="auc"``, a transformer for
 ``task="metric"`` (:mod:`stream_dp.offline._sklearn`). See ``docs/algorithms.md`` for when to use

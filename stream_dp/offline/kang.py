@@ -2,8 +2,8 @@
 
 Kang, Liu, Li, Wang. *Towards Sharper Utility Bounds for Differentially Private Pairwise
 Learning.* Algorithm 1, Theorems 1–2. The per-iteration σ of Theorem 1 is here; the query it
-perturbs is the full pairwise gradient of :mod:`stream_dp.offline.xue`, whose sensitivity is
-:func:`stream_dp.offline.xue.pairwise_gradient_sensitivity` (``docs/algorithms.md``,
+perturbs is the full pairwise gradient of :mod:`stream_dp.offline.pgd`, whose sensitivity is
+:func:`stream_dp.offline.pgd.pairwise_gradient_sensitivity` (``docs/algorithms.md``,
 *GradPerturb*).
 """
 
@@ -14,12 +14,7 @@ import warnings
 
 import numpy as np
 
-from stream_dp.offline.xue import (
-    _PGDBase,
-    calibrate_iterations,
-    pairwise_gradient_sensitivity,
-    pgd,
-)
+from stream_dp.offline.pgd import PGDBase, calibrate_iterations, pairwise_gradient_sensitivity, pgd
 from stream_dp.privacy.accountant import ZCDPAccountant
 from stream_dp.privacy.events import GaussianEvent
 
@@ -41,7 +36,7 @@ def gradperturb_sigma(lipschitz: float, n_iter: int, n: int, epsilon: float, del
     return 8.0 * lipschitz * math.sqrt(n_iter * math.log(1.0 / delta)) / (n * epsilon)
 
 
-class GradPerturb(_PGDBase):
+class GradPerturb(PGDBase):
     """Gradient perturbation for pairwise learning (Kang et al., Algorithm 1).
 
     ``θ_t = Π_C(θ_{t−1} − η(∇L(θ_{t−1}; D) + b_t))``, ``b_t ~ N(0, σ²I_p)`` with
@@ -52,7 +47,7 @@ class GradPerturb(_PGDBase):
     regulariser is used.
 
     **Composition and ledger.** Each iteration releases the full pairwise gradient, whose ℓ2
-    sensitivity is ``4G/n`` (:func:`stream_dp.offline.xue.pairwise_gradient_sensitivity`),
+    sensitivity is ``4G/n`` (:func:`stream_dp.offline.pgd.pairwise_gradient_sensitivity`),
     with Gaussian noise σ (the ``"gradient"`` noise purpose); it is charged as one
     ``GaussianEvent`` to a ``ZCDPAccountant``
     (zCDP composes additively). The paper's σ, derived with the moments accountant, includes

@@ -3,9 +3,10 @@
 Xue, Yang, Huai, Wang. *Differentially Private Pairwise Learning Revisited.* IJCAI 2021,
 Algorithms 1–4. All four minimise the empirical risk of eq. (1),
 ``L(w; D) = 1/(n(n−1)) Σ_{i≠j} ℓ(w; z_i, z_j)``, with the vectorised
-:meth:`stream_dp.losses.PairwiseLoss.all_pairs_gradient`. The paper's sensitivities (Lemmas 1
-and 7, the proof of Theorem 3) and Algorithm 2's σ are here, next to the algorithms that use
-them (``docs/algorithms.md``, *DPGDSC* to *DPEGD*).
+:meth:`stream_dp.losses.PairwiseLoss.all_pairs_gradient` and the shared optimiser of
+:mod:`stream_dp.offline.pgd`. The paper's sensitivities (Lemmas 1 and 7, the proof of
+Theorem 3) and Algorithm 2's σ are here, next to the algorithms that use them
+(``docs/algorithms.md``, *DPGDSC* to *DPEGD*).
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import warnings
 
 import numpy as np
 
-from stream_dp.constraints import ConstraintSet
-from stream_dp.losses import PairwiseLoss
-from stream_dp.offline.base import OfflinePairwiseBase, _positive, _positive_int, make_constraint
+from stream_dp.offline.base import _positive
+from stream_dp.offline.pgd import PGDBase, calibrate_iterations, pairwise_gradient_sensitivity, pgd
 from stream_dp.privacy.accountant import ZCDPAccountant
-from stream_dp.privacy.events import GaussianEvent, gaussian_rho
-from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
+from stream_dp.privacy.events import GaussianEvent
 from stream_dp.privacy.noise import KeyedNoise
 
 __all__ = [
@@ -28,13 +27,10 @@ __all__ = [
     "DPGDC",
     "DPGDC2",
     "DPGDSC",
-    "calibrate_iterations",
     "dpegd_sensitivity",
     "dpgdc2_sigma",
     "dpgdc_sensitivity",
     "dpgdsc_sensitivity",
-    "pairwise_gradient_sensitivity",
-    "pgd",
 ]
 
 
@@ -81,22 +77,6 @@ def dpegd_sensitivity(lipschitz: float, eta_i: float) -> float:
     return 4.0 * lipschitz * eta_i
 
 
-def pairwise_gradient_sensitivity(lipschitz: float, n: int) -> float:
-    """ℓ2 sensitivity of the full pairwise gradient ``1/(n(n−1)) Σ_{i≠j} ∇ℓ``: ``4G/n``.
-
-    Replacing one record changes the 2(n − 1) ordered pairs it takes part in, each gradient by
-    at most 2G (Xue et al. 2021, proof of Lemma 1; Kang et al., App. B.2): the query that
-    DPGDC2 and Kang et al.'s GradPerturb perturb at every iteration.
-
-    Examples
-    --------
-    >>> pairwise_gradient_sensitivity(4.0, 100)
-    0.16
-
-    """
-    return 4.0 * lipschitz / n
-
-
 def dpgdc2_sigma(lipschitz: float, n_iter: int, n: int, epsilon: float, delta: float) -> float:
     """DPGDC2 (Xue et al. 2021, Alg. 2 step 2): ``σ = 4G√(1.25·T·ln(1/δ))/(nε)`` per iteration.
 
@@ -109,101 +89,7 @@ def dpgdc2_sigma(lipschitz: float, n_iter: int, n: int, epsilon: float, delta: f
     return 4.0 * lipschitz * math.sqrt(1.25 * n_iter * math.log(1.0 / delta)) / (n * epsilon)
 
 
-# -- the optimiser and the ledger of gradient releases -----------------------------------------
-
-
-def pgd(
-    loss: PairwiseLoss,
-    constraint: ConstraintSet,
-    X: np.ndarray,
-    Y: np.ndarray,
-    w0: np.ndarray,
-    eta: float,
-    n_iter: int,
-    average: str = "none",
-    gradient_noise=None,
-) -> np.ndarray:
-    """Projected gradient descent ``w_t = Π_C(w_{t−1} − η(∇L(w_{t−1}; D) + ζ_t))``.
-
-    ``average``: ``"none"`` returns ``w_T``; ``"last_T"`` returns ``(w_1+…+w_T)/T``
-    (Xue Alg. 4); ``"with_start"`` returns ``(w_0+…+w_T)/(T+1)`` (Xue Alg. 2 and Lemma 9).
-    ``gradient_noise(t, w)`` returns ζ_t for the gradient queried at ``w = w_{t−1}`` (Xue
-    Alg. 2, Kang Alg. 1); None for plain PGD.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from stream_dp.losses import LogisticAUCLoss
-    >>> from stream_dp.constraints import L2Ball
-    >>> X, Y = np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([1.0, -1.0])
-    >>> pgd(LogisticAUCLoss(), L2Ball(1.0), X, Y, np.zeros(2), 0.5, 50).round(3)
-    array([ 0.707, -0.707])
-
-    """
-    w = np.array(w0, dtype=float)
-    total = w.copy() if average == "with_start" else np.zeros_like(w)
-    for t in range(1, n_iter + 1):
-        g = loss.all_pairs_gradient(w, X, Y)
-        if gradient_noise is not None:
-            g = g + gradient_noise(t, w)
-        w = constraint.project(w - eta * g)
-        total += w
-    if average == "last_T":
-        return total / n_iter
-    if average == "with_start":
-        return total / (n_iter + 1)
-    return w
-
-
-def calibrate_iterations(
-    accountant: ZCDPAccountant, sensitivity: float, sigma: float, n_iter: int
-) -> tuple[float, bool]:
-    """σ for ``n_iter`` Gaussian gradient releases that fit the zCDP budget.
-
-    Returns ``(σ, raised)``: the paper's σ when ``n_iter·Δ²/(2σ²) ≤ ρ_budget``, otherwise the
-    smallest σ that fits (the paper's composition argument is then not backed by the ledger's
-    rigorous conversion, and we say so).
-
-    Examples
-    --------
-    >>> from stream_dp.privacy import ZCDPAccountant
-    >>> acc = ZCDPAccountant(epsilon=1.0, delta=1e-5)
-    >>> calibrate_iterations(acc, sensitivity=0.05, sigma=1.0, n_iter=10)
-    (1.0, False)
-    >>> sigma, raised = calibrate_iterations(acc, sensitivity=1.0, sigma=1.0, n_iter=10)
-    >>> raised and 10 / (2 * sigma**2) <= acc.rho_budget
-    True
-
-    """
-    rho_each = gaussian_rho(sensitivity, sigma)
-    budget = accountant.rho_budget * (1.0 - 1e-9)  # shave: n correctly rounded ρ's never overrun
-    if n_iter * rho_each <= budget:
-        return sigma, False
-    return gaussian_sigma_zcdp(sensitivity, budget / n_iter), True
-
-
-class _PGDBase(OfflinePairwiseBase):
-    def _loss(self) -> PairwiseLoss:
-        return self._regularized(float(self.alpha))
-
-    def _check_params(self) -> None:
-        if isinstance(self.alpha, bool) or not (
-            isinstance(self.alpha, int | float) and self.alpha >= 0 and math.isfinite(self.alpha)
-        ):
-            raise ValueError(f"alpha must be a finite number >= 0, got {self.alpha!r}")
-        _positive_int("n_iter", self.n_iter)
-        _positive("eta", self.eta, allow_none=True)
-
-    def _setup(self, X: np.ndarray):
-        constraint = make_constraint(self.task, float(self.model_radius))
-        loss = self._loss()
-        c = self._constants(loss)
-        self.constants_ = c
-        w0 = np.zeros(loss.param_shape(X.shape[1]))
-        return loss, constraint, c, w0
-
-
-class DPGDSC(_PGDBase):
+class DPGDSC(PGDBase):
     """DP gradient descent, strongly convex (Xue et al., IJCAI 2021, Algorithm 1).
 
     Full-gradient PGD ``w_t = Π_C(w_{t−1} − η∇L(w_{t−1}; D))`` from ``w_0 = 0`` on the
@@ -297,7 +183,7 @@ class DPGDSC(_PGDBase):
         return self._perturb_output(stat, sens, constraint, noise, step=0)
 
 
-class DPGDC(_PGDBase):
+class DPGDC(PGDBase):
     """DP gradient descent, general convex (Xue et al., IJCAI 2021, Appendix C.3, Algorithm 4).
 
     Full-gradient PGD with ``η ≤ 2/L`` from ``w_0 = 0`` for T steps; the average
@@ -382,7 +268,7 @@ class DPGDC(_PGDBase):
         return self._perturb_output(stat, sens, constraint, noise, step=0)
 
 
-class DPGDC2(_PGDBase):
+class DPGDC2(PGDBase):
     """Noisy projected gradient descent, general convex (Xue et al., IJCAI 2021, Algorithm 2).
 
     ``w_t = Π_C(w_{t−1} − η(∇L(w_{t−1}; D) + ζ_t))``, ``ζ_t ~ N(0, σ²I)`` with
@@ -392,16 +278,16 @@ class DPGDC2(_PGDBase):
 
     **Composition and ledger.** Each iteration releases one Gaussian gradient with ℓ2
     sensitivity ``4G/n`` (the full pairwise gradient,
-    :func:`pairwise_gradient_sensitivity`), drawn under the ``"gradient"`` noise purpose. The
-    paper's σ already
-    includes the composition over T (by advanced composition, proof omitted). Here every
-    iteration is charged to a ``ZCDPAccountant`` as one ``GaussianEvent(step=t, 4G/n, σ)``;
-    zCDP composes exactly and is converted to (ε, δ) rigorously (``conversion``). The paper's σ
-    gives ``ρ = ε²/(2.5 ln(1/δ))`` in total, which fits the (ε, δ) budget for moderate ε
-    (e.g. ε ≤ 1.5 at δ = 1/n, n ≤ 512) — then the ledger shows exactly the paper's σ. Where it
-    does not fit (e.g. ε = 2, δ = 1/256 under the tight conversion), σ is raised to the smallest
-    value that does, with a warning, and ``sigma_raised_`` is True: the paper's claim is not
-    backed by our accountant there and we never overspend.
+    :func:`stream_dp.offline.pgd.pairwise_gradient_sensitivity`), drawn under the ``"gradient"``
+    noise purpose. The paper's σ already includes the composition over T (by advanced
+    composition, proof omitted). Here every iteration is charged to a ``ZCDPAccountant`` as one
+    ``GaussianEvent(step=t, 4G/n, σ)``; zCDP composes exactly and is converted to (ε, δ)
+    rigorously (``conversion``). The paper's σ gives ``ρ = ε²/(2.5 ln(1/δ))`` in total, which
+    fits the (ε, δ) budget for moderate ε (e.g. ε ≤ 1.5 at δ = 1/n, n ≤ 512) — then the ledger
+    shows exactly the paper's σ. Where it does not fit (e.g. ε = 2, δ = 1/256 under the tight
+    conversion), σ is raised to the smallest value that does, with a warning, and
+    ``sigma_raised_`` is True: the paper's claim is not backed by our accountant there and we
+    never overspend.
 
     **Guarantee.** (ε, δ)-DP, ``accountant.spent() ≤ (ε, δ)``; δ > 0 only.
     **Cost.** O(T·n²) pair evaluations, T ≤ n.
@@ -514,7 +400,7 @@ class DPGDC2(_PGDBase):
         return pgd(loss, constraint, X, Y, w0, eta, T, "with_start"), sens, constraint
 
 
-class DPEGD(_PGDBase):
+class DPEGD(PGDBase):
     """DP epoch gradient descent, general convex (Xue et al., IJCAI 2021, Algorithm 3).
 
     The records (in a keyed random order) are split into ``k = ⌊log₂ n⌋`` disjoint parts,
