@@ -32,14 +32,22 @@ class KafkaProblem(RuntimeError):
 
 
 class _Capture(logging.Handler):
-    """Keeps the last WARNING+ line kafka-python logs while a probe runs (its diagnosis)."""
+    """Takes kafka-python's WARNING+ lines while a probe runs: they become its diagnosis."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.last: str | None = None
+        self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.last = record.getMessage()
+        self.lines.append(record.getMessage())
+
+    @property
+    def best(self) -> str | None:
+        """The first line naming a connection failure (the cause), else the last one."""
+        for line in self.lines:
+            if "failed:" in line and "Bootstrap failed" not in line:
+                return line
+        return self.lines[-1] if self.lines else None
 
 
 def _servers(bootstrap_servers: str | Sequence[str]) -> list[str]:
@@ -115,6 +123,10 @@ def connect(
     left = max(2.0, timeout_s - (time.monotonic() - started))
     capture = _Capture()
     kafka_log = logging.getLogger("kafka")
+    # While probing, kafka-python's lines go to the diagnosis only, not to the log as well.
+    saved = kafka_log.propagate, kafka_log.level
+    kafka_log.propagate = False
+    kafka_log.setLevel(logging.WARNING)
     kafka_log.addHandler(capture)
     try:
         return KafkaAdminClient(
@@ -124,7 +136,7 @@ def connect(
             **security,
         )
     except Exception as err:  # noqa: BLE001 - every failure becomes a diagnosis
-        detail = capture.last or str(err)
+        detail = capture.best or str(err)
         if "SSL" in protocol:
             hint = "is that listener TLS? (a PLAINTEXT listener drops the TLS handshake)"
         elif "SASL" in protocol:
@@ -138,6 +150,8 @@ def connect(
         ) from None
     finally:
         kafka_log.removeHandler(capture)
+        kafka_log.propagate, _ = saved
+        kafka_log.setLevel(saved[1])
 
 
 def topic_partitions(admin: Any, topics: Sequence[str]) -> dict[str, int | None]:

@@ -601,6 +601,8 @@ class KafkaSource:
             # kafka-python's 30 s default would let one failed connect attempt outlast
             # max_idle_seconds; the retry loop around it provides the patience instead.
             "bootstrap_timeout_ms": 10_000,
+            # Reconnect within seconds of a broker's return, not kafka-python's 30 s.
+            "reconnect_backoff_max_ms": 5000,
             **extra,
             "bootstrap_servers": bootstrap_servers,
             "group_id": group_id,
@@ -621,8 +623,7 @@ class KafkaSource:
         self._backoff = Backoff(
             maximum=retry_backoff_max_s, logger=log, what=f"Kafka consume from {topic}"
         )
-        self._last_record = time.monotonic()
-        self._idle_clock_stopped = True
+        self._idle_start: float | None = None
         #: Records skipped because their offsets had left the log before they were read.
         self.skipped_records = 0
         #: ``time.time()`` since which the broker has not answered (None while it answers).
@@ -731,17 +732,19 @@ class KafkaSource:
         for ``max_idle_seconds``."""
         from kafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
-        if self._idle_clock_stopped:
-            self._last_record = time.monotonic()  # idleness counts from the first fetch
-            self._idle_clock_stopped = False
+        # Idleness is the time spent in fetches that brought nothing, back to back: the time
+        # the caller spends on the records between fetches is not idle.
+        now = time.monotonic()
+        if self._idle_start is None:
+            self._idle_start = now
         idle_left = (
             None
             if self.max_idle_seconds is None
-            else self.max_idle_seconds - (time.monotonic() - self._last_record)
+            else self.max_idle_seconds - (now - self._idle_start)
         )
         if idle_left is not None and idle_left <= 0:
             log.debug("topic %s idle for %.1f s; ending", self.topic, self.max_idle_seconds)
-            self._idle_clock_stopped = True
+            self._idle_start = None
             return None
         try:
             if self._ensure_assigned():
@@ -752,7 +755,6 @@ class KafkaSource:
                 self._last_refresh = -float("inf")
                 self._stop.wait(timeout_ms / 1000)
             self._backoff.succeeded()
-            self.unreachable_since = None
         except OffsetOutOfRangeError as err:
             self._skip_out_of_range(err.args[0] if err.args else {})
             return []
@@ -773,8 +775,11 @@ class KafkaSource:
             self._backoff.failed(err, max_sleep=cap if idle_left is None else min(cap, idle_left))
             return []
         if not batch:
+            # kafka-python polls quietly through an outage: an empty poll proves nothing
+            # about the broker (lag() asks it), records do.
             return []
-        self._last_record = time.monotonic()
+        self._idle_start = None
+        self.unreachable_since = None
         return [rec for tp in sorted(batch) for rec in batch[tp]]
 
     @staticmethod
@@ -807,7 +812,7 @@ class KafkaSource:
         return [self._message(rec) for rec in records]
 
     def __iter__(self) -> Iterator[SourceMessage]:
-        self._idle_clock_stopped = True
+        self._idle_start = None
         while True:
             if self._stop.is_set():
                 self._stop.clear()  # the next iteration starts afresh
@@ -983,8 +988,13 @@ class KafkaSource:
                     return False
                 backoff.failed(err, max_sleep=deadline - time.monotonic())
 
-    def committed(self) -> dict[str, tuple[int, str | None]]:
+    def committed(self, timeout_s: float | None = None) -> dict[str, tuple[int, str | None]]:
         """The group's committed offsets for this topic, with the tags they were committed with.
+
+        Parameters
+        ----------
+        timeout_s : float, optional
+            Bound on each request; default ``request_timeout_s``.
 
         Returns
         -------
@@ -1001,6 +1011,7 @@ class KafkaSource:
         from kafka import TopicPartition
 
         consumer = self._ensure_consumer()
+        timeout_ms = self.request_timeout_ms if timeout_s is None else int(timeout_s * 1000)
         if self._static_partitions is not None:
             parts = self._static_partitions
         else:
@@ -1008,7 +1019,7 @@ class KafkaSource:
         out: dict[str, tuple[int, str | None]] = {}
         for p in parts:
             meta = consumer.committed(
-                TopicPartition(self.topic, p), metadata=True, timeout_ms=self.request_timeout_ms
+                TopicPartition(self.topic, p), metadata=True, timeout_ms=timeout_ms
             )
             if meta is None:
                 continue

@@ -118,6 +118,7 @@ class TransactionalPublisher:
         }
         self._producer: Any = None
         self._ready = False
+        self._generation = 0  # bumped when a producer is discarded (and its attempt with it)
         self._closed = False
         #: ``time.time()`` since which attempts have been failing (None after a success).
         self.failing_since: float | None = None
@@ -162,18 +163,21 @@ class TransactionalPublisher:
         from kafka import KafkaProducer
 
         self._discard()
-        self._producer = KafkaProducer(**self._config)
-        self._producer.init_transactions()
+        generation = self._generation
+        producer = KafkaProducer(**self._config)
+        if generation != self._generation:  # this attempt was abandoned meanwhile
+            _close_quietly(producer)
+            raise RuntimeError("abandoned")
+        self._producer = producer
+        producer.init_transactions()
         self._ready = True
-        return self._producer
+        return producer
 
     def _discard(self) -> None:
+        self._generation += 1
         producer, self._producer, self._ready = self._producer, None, False
         if producer is not None:
-            try:
-                producer.close(timeout=1)
-            except Exception as err:  # noqa: BLE001 - a broken producer is being dropped anyway
-                log.debug("closing a discarded producer: %s", err)
+            _close_quietly(producer)
 
     def _retry(
         self,
@@ -189,6 +193,7 @@ class TransactionalPublisher:
             raise ValueError("TransactionalPublisher is closed")
         backoff = Backoff(maximum=self.retry_backoff_max_s, logger=log, what=what)
         while True:
+            began = time.time()
             try:
                 result = self._bounded(attempt, on_wait)
                 backoff.succeeded()
@@ -211,7 +216,7 @@ class TransactionalPublisher:
                 if final or not isinstance(err, KafkaError | OSError):
                     raise
                 if self.failing_since is None:
-                    self.failing_since = time.time()
+                    self.failing_since = began  # the broker stopped answering this attempt
                 if on_retry is not None:
                     on_retry(err)  # may raise: the caller gives up
                 backoff.failed(err, max_sleep=self.retry_backoff_max_s)
@@ -302,6 +307,19 @@ class TransactionalPublisher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_quietly(producer: Any) -> None:
+    """Close a producer that is being dropped, without waiting for a broker that is away."""
+    try:
+        producer.close(timeout=1)
+    except Exception as err:  # noqa: BLE001 - a broken producer is being dropped anyway
+        log.debug("closing a discarded producer: %s", err)
+        # close() gave up flushing before stopping its sender thread: stop it now, or it
+        # retries for ever in the background.
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
 
 
 def _is_final(err: BaseException) -> bool:

@@ -68,13 +68,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=main)
 
 
+class _KafkaChatter(logging.Filter):
+    """At most one kafka-python line per logger and minute (unless ``--verbose``).
+
+    Through an outage kafka-python logs every failed reconnect, several a second; the engine
+    says itself, once, since when the broker is unreachable and when it is back.
+    """
+
+    def __init__(self, every: float = 60.0) -> None:
+        super().__init__()
+        self.every = every
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("kafka"):
+            return True
+        if "ProducerFenced" in record.getMessage():
+            return False  # the engine reports being fenced itself, in one line
+        last = self._last.get(record.name)
+        if last is not None and record.created - last < self.every:
+            return False
+        self._last[record.name] = record.created
+        return True
+
+
 def configure_logging(level: str = "INFO", verbose: bool = False) -> None:
-    """The engine's log format; the Kafka client only from WARNING unless ``verbose``."""
+    """The engine's log format; the Kafka client from WARNING, rate-limited, unless ``verbose``."""
     logging.basicConfig(
         level=getattr(logging, str(level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kafka").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            if not any(isinstance(f, _KafkaChatter) for f in handler.filters):
+                handler.addFilter(_KafkaChatter())
 
 
 def one_line_errors(

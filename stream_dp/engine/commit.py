@@ -134,17 +134,17 @@ class Outputs:
             raise ValueError("a topic sink needs a publisher")
 
     # -- the publication record ----------------------------------------------------------------
-    def record(self) -> PublicationRecord:
+    def record(self, timeout_s: float | None = None) -> PublicationRecord:
         """The last published cycle: from the consumer group's commit tags, or the state dir.
 
         Raises
         ------
         kafka.errors.KafkaError
-            The group's offsets cannot be read (broker unreachable).
+            The group's offsets cannot be read (broker unreachable) within ``timeout_s``.
         """
         if self.source is None:
             return PublicationRecord(self.state.read_published())
-        committed = self.source.committed()
+        committed = self.source.committed(timeout_s)
         if not committed:
             return PublicationRecord(None)
         tags = {key: Published.parse(tag) for key, (_, tag) in committed.items()}
@@ -201,7 +201,7 @@ class Outputs:
                 if not self.offsets_in_transaction:
                     return False
                 try:
-                    return self.record().published == published
+                    return self.record(timeout_s=2.0).published == published
                 except Exception:  # noqa: BLE001 - unknown counts as not yet
                     return False
 

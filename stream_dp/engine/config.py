@@ -280,6 +280,13 @@ class KafkaConfig(_Strict):
     create_topics: bool = Field(
         True, description="Create missing release and dead-letter topics (1 partition)."
     )
+    attempt_timeout_seconds: float = Field(
+        60.0,
+        ge=1,
+        description="How long one attempt to publish a commit cycle (one Kafka transaction) may "
+        "take before it is abandoned and retried with a new producer. Retries go on with "
+        "capped backoff until kafka.outage_deadline_seconds (if set).",
+    )
 
 
 class EngineConfig(_Strict):

@@ -276,10 +276,18 @@ class Engine:
         if topic_cfg is not None:
             from connectors.transactions import TransactionalPublisher
 
+            attempt = cfg.kafka.attempt_timeout_seconds
             publisher = TransactionalPublisher(
                 topic_cfg.bootstrap_servers,
                 cfg.transactional_id,
-                producer_config={"max_request_size": cfg.releases.max_request_size},
+                attempt_timeout_s=attempt,
+                producer_config={
+                    "max_request_size": cfg.releases.max_request_size,
+                    "request_timeout_ms": int(min(30.0, attempt / 2) * 1000),
+                    "delivery_timeout_ms": int(attempt * 1000),
+                    # Back within seconds of the broker's return, not kafka-python's 30 s.
+                    "reconnect_backoff_max_ms": 5000,
+                },
                 **topic_cfg.security,
             )
         kafka_source = self._source if isinstance(self._source, KafkaSource) else None
@@ -326,7 +334,11 @@ class Engine:
             found.append(f"its run marker {state.marker.name} exists")
         if state.journal.exists():
             found.append(f"a ledger journal {state.journal.name} exists")
-        record = self._read_record()
+        record = self._record_before_start()
+        if record is None:
+            record = PublicationRecord(
+                None, f"a transaction holds commits to consumer group {cfg.source.group_id!r}"
+            )
         self._prior_record = record.published
         if record.foreign:
             found.append(record.foreign)
@@ -366,10 +378,27 @@ class Engine:
                     found.append(f"release topic {rel.topic!r} holds messages keyed by it")
         return found
 
-    def _read_record(self) -> PublicationRecord:
+    def _read_record(self, timeout_s: float | None = None) -> PublicationRecord:
         try:
-            return self.outputs.record()
+            return self.outputs.record(timeout_s)
         except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback
+            raise KafkaUnavailable(f"cannot read the consumer group's commits: {err}") from None
+
+    def _record_before_start(self) -> PublicationRecord | None:
+        """The record before becoming the writer, or None while a transaction holds it open.
+
+        Offsets committed in a transaction are unreadable until it ends; a transaction left by
+        a killed process ends only when the next writer starts (or after its timeout). A few
+        seconds of "unstable" therefore mean an abandoned transaction: becoming the writer
+        settles it, and the record is checked again right after.
+        """
+        try:
+            return self.outputs.record(timeout_s=3.0)
+        except Exception as err:  # noqa: BLE001 - judged below
+            if "UnstableOffsetCommit" in repr(err) or "Timeout" in type(err).__name__:
+                log.info("the consumer group's commits are held by an open transaction; "
+                         "checking them after taking over")  # fmt: skip
+                return None
             raise KafkaUnavailable(f"cannot read the consumer group's commits: {err}") from None
 
     def _start_run(self) -> dict:
@@ -433,7 +462,9 @@ class Engine:
             setattr(self.stats, k, v)
         self.dead_counts = dict(meta.get("dead_counts", {}))
         self.outbox = Outbox.from_state(meta["outbox"])
-        self._verify_record(self._read_record(), before_start=True)
+        record = self._record_before_start()
+        if record is not None:
+            self._verify_record(record, before_start=True)
         log.info(
             "resumed model %s, run %s, at step %d (ε spent %.4g; cycle %d)",
             cfg.model.model_id,
