@@ -8,17 +8,18 @@ position they came from.
 Positions and checkpoints
 -------------------------
 ``positions()`` returns where to resume: the *next* record to read, counting every message
-already yielded as consumed. The engine's loop is therefore::
+already handed out as consumed. A consumer loop is therefore::
 
-    for msg in source:
-        process(msg)                       # learn, or dead-letter
+    while (batch := source.poll(max_records=500, timeout_s=0.5)) is not None:
+        for msg in batch:
+            process(msg)                   # learn, or dead-letter
         if time_to_checkpoint:
             save_checkpoint(learner, source.positions())   # atomically
             source.commit()                # after the checkpoint is durable
 
-and on restart ``source.seek(checkpoint_positions)`` before iterating. The checkpoint is the
-source of truth; a Kafka commit only makes the consumer group's lag visible and lets a run
-without a checkpoint resume roughly where it stopped.
+(iterating the source yields the same messages one by one) and on restart
+``source.seek(checkpoint_positions)`` before reading. The checkpoint is the source of truth; a
+Kafka commit makes the consumer group's lag visible and records what was published.
 
 File and iterable sources use ``{"line": n}`` (0-based index of the next record: physical
 line for JSONL, data row for CSV, item for iterables). Kafka uses
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ._retry import Backoff, is_retriable
+from ._settings import client_settings
 
 __all__ = [
     "CsvSource",
@@ -579,13 +581,9 @@ class KafkaSource:
             raise ValueError(f"invalid topic name {topic!r}")
         if not group_id:
             raise ValueError("group_id is required (offsets are committed under it)")
-        extra = {**(consumer_config or {}), **security}
-        unknown = sorted(set(extra) - set(KafkaConsumer.DEFAULT_CONFIG))
-        if unknown:
-            raise TypeError(f"unknown KafkaConsumer setting(s): {unknown}")
-        fixed = sorted(set(extra) & _CONSUMER_FIXED)
-        if fixed:
-            raise ValueError(f"KafkaSource manages these settings itself: {fixed}")
+        extra = client_settings(
+            KafkaConsumer, "KafkaSource", _CONSUMER_FIXED, consumer_config, security
+        )
         self.topic = topic
         self.group_id = group_id
         self.max_idle_seconds = max_idle_seconds

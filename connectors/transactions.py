@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._retry import Backoff
+from ._settings import client_settings
 
 __all__ = ["FENCING_ERRORS", "ProducerFenced", "TransactionalPublisher"]
 
@@ -99,13 +100,9 @@ class TransactionalPublisher:
 
         if not transactional_id:
             raise ValueError("transactional_id is required")
-        extra = {**(producer_config or {}), **security}
-        unknown = sorted(set(extra) - set(KafkaProducer.DEFAULT_CONFIG))
-        if unknown:
-            raise TypeError(f"unknown KafkaProducer setting(s): {unknown}")
-        fixed = sorted(set(extra) & _PRODUCER_FIXED)
-        if fixed:
-            raise ValueError(f"TransactionalPublisher manages these settings itself: {fixed}")
+        extra = client_settings(
+            KafkaProducer, "TransactionalPublisher", _PRODUCER_FIXED, producer_config, security
+        )
         self.transactional_id = transactional_id
         self.attempt_timeout_s = attempt_timeout_s
         self.retry_backoff_max_s = retry_backoff_max_s

@@ -570,3 +570,66 @@ def test_ledger_journal_survives_crashes_and_refuses_a_lost_journal(tmp_path, mo
     fresh = run(cfg, data, Collect(), fresh=True)  # keeps the old journal aside, starts anew
     assert list(journal.parent.glob("m.ckpt.ledger.abandoned-*"))
     assert fresh.learner.accountant.ledger == reference.learner.accountant.ledger
+
+
+def test_bad_state_files_are_clear_errors(tmp_path):
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
+    cfg = config(tmp_path)
+    Engine(cfg).run()
+    state = StateDir(cfg.checkpoint.path)
+    state.lock_path.write_bytes(b"\x00garbage")  # a lock file's content is only informative
+    state.published_path.write_text("not a record")  # unreadable: the cycle is published again
+    assert Engine(cfg).run().learned == 20
+    state.marker.write_text("{not json")
+    with pytest.raises(StateError, match="cannot read the run marker"):
+        Engine(cfg).run()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_produce_and_watch_errors_are_one_line(capsys):
+    import time
+
+    closed = f"127.0.0.1:{_closed_port()}"
+    cases = [
+        (["produce", "--bootstrap", closed, "--dataset", "nope"], 2, "--dataset"),
+        (["produce", "--bootstrap", closed, "--max-records", "5"], 4, "cannot reach Kafka"),
+        (["watch", "--bootstrap", closed], 4, "cannot reach Kafka"),
+        (["watch", "--bootstrap", closed, "--dataset", "nope"], 2, "unknown dataset"),
+    ]
+    for argv, code, text in cases:
+        capsys.readouterr()
+        start = time.monotonic()
+        assert cli_main(argv) == code, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and text in err and "Traceback" not in err, (argv, err)
+        assert time.monotonic() - start < 60
+    # --debug: the traceback, for bug reports.
+    with pytest.raises(ValueError, match="unknown dataset"):
+        cli_main(["produce", "--bootstrap", closed, "--dataset", "nope", "--debug"])
+
+
+def test_kafka_client_chatter_is_rate_limited():
+    import logging
+
+    from stream_dp.engine.cli import _KafkaChatter
+
+    chatter = _KafkaChatter(every=60.0)
+
+    def record(name: str, msg: str, at: float) -> logging.LogRecord:
+        r = logging.LogRecord(name, logging.ERROR, __file__, 1, msg, None, None)
+        r.created = at
+        return r
+
+    passed = [
+        chatter.filter(record("kafka.net.manager", "Connection failed", t)) for t in (0, 1, 30, 61)
+    ]
+    assert passed == [True, False, False, True]
+    assert chatter.filter(record("stream_dp.engine", "ours", 2))
+    assert not chatter.filter(record("kafka.producer", "ProducerFencedError", 500))

@@ -112,6 +112,13 @@ def names_for(unique_name) -> dict:
     return {k: unique_name(k) for k in ("input", "releases", "dead", "group", "model")}
 
 
+def with_input(bootstrap: str, unique_name, n: int) -> dict:
+    """Names for a test's topics, group and model, with ``n`` valid records on its input."""
+    names = names_for(unique_name)
+    produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
+    return names
+
+
 def parse_releases(raw: list[bytes]) -> list[ReleaseMessage]:
     return [ReleaseMessage.from_json(v) for v in raw]
 
@@ -144,9 +151,8 @@ def copies_by_step(raw: list[bytes]) -> dict[int, set[bytes]]:
 
 def test_20k_records_one_release_per_step(kafka_broker: KafkaBroker, unique_name, tmp_path):
     bootstrap = kafka_broker.bootstrap
-    names = names_for(unique_name)
     n = 20_000
-    produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
+    names = with_input(bootstrap, unique_name, n)
     cfg = EngineConfig.model_validate(engine_config(tmp_path, bootstrap, names))
     engine = Engine(cfg)
     stats = engine.run()
@@ -256,9 +262,8 @@ def test_sigkill_three_times_loses_nothing(
     for sealed chunks to sit in the journal when the engine is killed.
     """
     bootstrap = kafka_broker.bootstrap
-    names = names_for(unique_name)
     n = 18_000 if journal else 8_000
-    produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
+    names = with_input(bootstrap, unique_name, n)
     cfg = engine_config(tmp_path, bootstrap, names, seed=None)
     cfg["checkpoint"]["every_records"] = 300
     cfg["checkpoint"]["ledger_journal"] = journal
@@ -470,9 +475,8 @@ def test_malformed_messages_dead_lettered(kafka_broker: KafkaBroker, unique_name
 
 def test_broker_restart_mid_run(kafka_broker: KafkaBroker, unique_name, tmp_path):
     bootstrap = kafka_broker.bootstrap
-    names = names_for(unique_name)
     n = 6000
-    produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
+    names = with_input(bootstrap, unique_name, n)
     cfg_dict = engine_config(tmp_path, bootstrap, names)
     cfg_dict["source"]["max_idle_seconds"] = 60.0  # long enough to outlast the outage
     cfg = EngineConfig.model_validate(cfg_dict)
@@ -639,9 +643,8 @@ def test_a_kill_inside_a_transaction_leaves_only_identical_copies(
     one sees each step once.
     """
     bootstrap = kafka_broker.bootstrap
-    names = names_for(unique_name)
     n = 900
-    produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
+    names = with_input(bootstrap, unique_name, n)
     d = engine_config(tmp_path, bootstrap, names)
     d["checkpoint"]["every_records"] = 300
     d["source"]["max_idle_seconds"] = 3.0
@@ -707,9 +710,8 @@ def test_a_second_instance_never_learns_beside_the_first(
     kafka_broker: KafkaBroker, unique_name, tmp_path
 ):
     bootstrap = kafka_broker.bootstrap
-    names = names_for(unique_name)
     n = 3000
-    produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
+    names = with_input(bootstrap, unique_name, n)
     cfg = engine_config(tmp_path / "a", bootstrap, names, seed=None)
     cfg["source"]["max_idle_seconds"] = None  # runs until told to stop
     cfg["checkpoint"]["every_records"] = 200
@@ -720,6 +722,12 @@ def test_a_second_instance_never_learns_beside_the_first(
     try:
         status = tmp_path / "a" / "status.json"
         _wait_for(status, lambda s: s.get("step") == n, proc, timeout=120)
+        # Caught up and idle: status.json keeps being refreshed, saying since when.
+        idle = _wait_for(
+            status, lambda s: s.get("idle_since") and s.get("consumer_lag") == 0, proc, 60
+        )
+        later = _wait_for(status, lambda s: s["time"] > idle["time"] + 1, proc, timeout=60)
+        assert later["idle_since"] == idle["idle_since"] and later["consumer_lag"] == 0
         # Same state directory: refused at once by its lock.
         rc, err, took = _cli(first)
         assert rc == 3 and "in use by another stream-dp engine" in _last_line(err), err
@@ -788,9 +796,8 @@ def test_a_lost_state_directory_is_refused_and_a_kill_at_start_is_harmless(
     kafka_broker: KafkaBroker, unique_name, tmp_path
 ):
     bootstrap = kafka_broker.bootstrap
-    names = names_for(unique_name)
     n = 1000
-    produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
+    names = with_input(bootstrap, unique_name, n)
     cfg = engine_config(tmp_path, bootstrap, names, seed=None)
     cfg["source"]["max_idle_seconds"] = 3.0
     config_path = tmp_path / "engine.toml"
