@@ -21,8 +21,8 @@ Start-up
 3. Resume from the checkpoint -- refusing one of another run, or older than what was published
    -- or start a new run, refusing when the model existed before (run marker, orphaned
    journal, consumer-group commits, releases of this model id on the release topic) unless
-   ``fresh=True``. A new run's first checkpoint is written before its marker, so a kill during
-   it leaves a directory the next start treats as new.
+   ``fresh=True``. A new run becomes the writer, then writes its first checkpoint, then its
+   marker, so a kill at any point leaves nothing of it or a checkpoint to resume.
 4. Become the model's writer (fencing any older one), publish what the checkpoint holds and
    the publication record lacks, and continue from the checkpoint's positions.
 
@@ -406,6 +406,10 @@ class Engine:
         self.run_id = secrets.token_hex(16)
         self.run_created = time.time()
         self.seq = 0
+        # Writer first: that settles any transaction a previous run left open (its offsets are
+        # unreadable until then), and a run that is fenced now has written nothing.
+        self._become_writer()
+        self._verify_record(self._read_record(), before_start=False)
         if cfg.checkpoint.ledger_journal:
             self._open_journal()
         try:
@@ -522,15 +526,18 @@ class Engine:
                 "already released; use the latest checkpoint"
             )
 
-    def _recover(self) -> None:
-        """Become the writer, re-check the record, publish what the checkpoint holds."""
-        hooks = {"on_retry": self._on_retry, "on_wait": self._on_wait}
+    def _become_writer(self) -> None:
+        """Take the model's transactional id (fencing an older writer); idempotent."""
         from connectors.transactions import ProducerFenced
 
         try:
-            self.outputs.start(**hooks)
+            self.outputs.start(on_retry=self._on_retry, on_wait=self._on_wait)
         except ProducerFenced as err:
             raise Fenced(str(err)) from None
+
+    def _recover(self) -> None:
+        """Become the writer, re-check the record, publish what the checkpoint holds."""
+        self._become_writer()
         record = self._read_record()
         self._verify_record(record, before_start=False)
         p = record.published
