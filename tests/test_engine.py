@@ -412,7 +412,7 @@ def test_a_kill_during_the_first_checkpoint_leaves_a_state_that_starts(tmp_path,
         Path(path).parent.joinpath(f".{Path(path).name}.x1y2z3.tmp").write_bytes(b"STREAMDP")
         raise Boom("killed during the first checkpoint")
 
-    monkeypatch.setattr("stream_dp.engine.runner.save_checkpoint", killed)
+    monkeypatch.setattr("stream_dp.engine.commit.save_checkpoint", killed)
     with pytest.raises(Boom):
         Engine(cfg).run()
     assert not state.marker.exists(), "no run marker without its checkpoint"

@@ -22,15 +22,26 @@ holds, and for every (model, run, step) one content is ever published (``docs/pr
 from __future__ import annotations
 
 import logging
+import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from stream_dp.checkpoint import save_checkpoint
 from stream_dp.engine.state import Published, StateDir
 
-__all__ = ["Outbox", "Outputs", "PublicationRecord", "RELEASES", "DEAD_LETTERS"]
+__all__ = [
+    "DEAD_LETTERS",
+    "RELEASES",
+    "CommitCycle",
+    "Outbox",
+    "Outputs",
+    "PublicationRecord",
+    "RunRefused",
+]
 
 log = logging.getLogger("stream_dp.engine")
 
@@ -230,3 +241,175 @@ class Outputs:
                 part.close()
             except Exception:  # noqa: BLE001 - closing must not mask the real error
                 log.exception("error while closing %r", part)
+
+
+class RunRefused(RuntimeError):
+    """This run must not publish: the record shows another writer, or a newer past."""
+
+
+class CommitCycle:
+    """One run's commit cycles: who the run is, what waits in its outbox, what was published.
+
+    The run loop calls :meth:`new_run` (then :meth:`save` and :meth:`mark`) or :meth:`resume`;
+    :meth:`verify` before and after becoming the writer; :meth:`recover` once; then
+    :meth:`checkpoint` and :meth:`publish` at the end of every cycle. Errors:
+    :class:`RunRefused`, ``OSError`` (state directory),
+    :class:`connectors.transactions.ProducerFenced`.
+
+    Parameters
+    ----------
+    state : StateDir
+    outputs : Outputs
+    model_id : str
+    """
+
+    def __init__(self, state: StateDir, outputs: Outputs, model_id: str) -> None:
+        self.state, self.outputs, self.model_id = state, outputs, model_id
+        self.run_id: str | None = None
+        self.run_created: float | None = None
+        self.seq = 0
+        self.outbox = Outbox()
+        #: Source positions of the last published cycle (None before :meth:`recover`).
+        self.committed_positions: dict | None = None
+        #: (cycle, wall time) of the last publication made by this process.
+        self.last_published: tuple[int, float | None] = (0, None)
+        #: What the record showed when a new run began (a run ``--fresh`` closed), if anything.
+        self.prior: Published | None = None
+        #: True between a cycle's checkpoint and the end of its publication.
+        self.unpublished = False
+
+    # -- identity --------------------------------------------------------------------------
+    def new_run(self) -> None:
+        """A new run: fresh id (random, independent of the data and of the noise secret)."""
+        self.run_id = secrets.token_hex(16)
+        self.run_created = time.time()
+        self.seq = 0
+        self.outbox = Outbox()
+
+    def mark(self) -> None:
+        """Write the run marker: only after the run's first checkpoint is durable."""
+        self.state.write_marker(self.model_id, self.run_id, self.run_created)
+
+    def resume(self, meta: dict) -> None:
+        """Take the run, cycle and outbox of a checkpoint; refuse one of another run.
+
+        Raises
+        ------
+        RunRefused
+            The checkpoint has no run id, or this directory's marker names another run.
+        """
+        if "run_id" not in meta or "seq" not in meta:
+            raise RunRefused(
+                f"{self.state.checkpoint} has no run id (written by an earlier stream-dp): "
+                "resume it with that version, or pass --fresh to start a new run"
+            )
+        self.run_id, self.seq = str(meta["run_id"]), int(meta["seq"])
+        self.run_created = float(meta.get("run_created") or 0.0)
+        self.outbox = Outbox.from_state(meta["outbox"])
+        try:
+            marker = self.state.read_marker()
+        except (OSError, ValueError) as err:
+            raise RunRefused(f"cannot read the run marker {self.state.marker}: {err}") from None
+        if marker is None:
+            self.mark()  # killed between the first checkpoint and the marker
+        elif marker.get("run_id") != self.run_id:
+            raise RunRefused(
+                f"{self.state.checkpoint} belongs to run {self.run_id} but this state directory "
+                f"was created by run {marker.get('run_id')} of model {self.model_id!r}: the "
+                "checkpoint comes from another run of the model. Put back this directory's own "
+                "checkpoint, or pass --fresh"
+            )
+
+    def meta(self) -> dict:
+        """What a checkpoint must hold of the cycle."""
+        return {
+            "run_id": self.run_id,
+            "run_created": self.run_created,
+            "seq": self.seq,
+            "outbox": self.outbox.to_state(),
+        }
+
+    # -- the record ------------------------------------------------------------------------
+    def verify(self, record: PublicationRecord, *, before_start: bool) -> None:
+        """Refuse to continue when the record shows another writer, or a newer past.
+
+        Checked before becoming the writer (so a refused start never fences the instance that
+        runs) and again after (an instance that published in between is caught).
+
+        Raises
+        ------
+        RunRefused
+        """
+        if record.foreign:
+            raise RunRefused(
+                f"{record.foreign}: refusing to publish releases of model {self.model_id!r} "
+                "beside them (pass --fresh to start a new run that continues after those offsets)"
+            )
+        p = record.published
+        if p is None:
+            return
+        if p.run_id != self.run_id:
+            if self.seq == 0 and p == self.prior:
+                return  # the run that --fresh closed
+            if self.seq == 0 and p.seq == 0 and not before_start:
+                # Another new instance registered at the same moment and published nothing;
+                # this one fenced it when it became the writer.
+                log.warning("run %s of model %s was registered at the same moment and has been "
+                            "fenced; it published nothing", p.run_id, self.model_id)  # fmt: skip
+                return
+            raise RunRefused(
+                f"run {p.run_id} of model {self.model_id!r} has published (cycle {p.seq}); this "
+                f"state directory holds run {self.run_id}. Two runs of one model would publish "
+                "two histories: stop the other instance, or use its state directory"
+            )
+        if p.seq > self.seq:
+            raise RunRefused(
+                f"{self.state.checkpoint} is cycle {self.seq} of run {p.run_id} but cycle {p.seq} "
+                "was already published: the checkpoint is older than what consumers have seen "
+                "(restored from a backup?). Resuming would publish other releases for steps "
+                "already released; use the latest checkpoint"
+            )
+
+    # -- cycles ----------------------------------------------------------------------------
+    def pending(self, positions: dict) -> bool:
+        """Whether anything happened since the last published cycle."""
+        return bool(len(self.outbox)) or positions != self.committed_positions
+
+    def save(self, learner_state: dict, positions: dict, meta: dict) -> None:
+        """Write the checkpoint of the current cycle (atomic, 0600)."""
+        save_checkpoint(self.state.checkpoint, learner_state, positions, {**meta, **self.meta()})
+
+    def checkpoint(self, learner_state: dict, positions: dict, meta: dict) -> None:
+        """End a cycle: the next cycle number, and the checkpoint that holds the cycle."""
+        self.seq += 1
+        self.save(learner_state, positions, meta)
+        self.unpublished = True
+
+    def publish(self, positions: dict, **hooks: Callable) -> None:
+        """Publish the current cycle's outbox and record it; the outbox is then empty."""
+        self.outputs.publish(
+            self.outbox.messages, positions, Published(self.run_id, self.seq), **hooks
+        )
+        self.outbox.clear()
+        self.committed_positions = positions
+        self.last_published = (self.seq, time.time())
+        self.unpublished = False
+
+    def recover(self, positions: dict, record: PublicationRecord, **hooks: Callable) -> None:
+        """After becoming the writer: publish the checkpoint's cycle unless the record has it."""
+        self.verify(record, before_start=False)
+        p = record.published
+        if p == Published(self.run_id, self.seq):
+            self.outbox.clear()
+            self.committed_positions = positions
+            return
+        if self.seq > 0 and (p is None or p.seq != self.seq - 1):
+            log.warning(
+                "no record that cycle %d of run %s was published (the record shows %s): "
+                "publishing its %d message(s) again; consumers may see them twice, identically",
+                self.seq - 1, self.run_id, p.tag if p else "nothing", len(self.outbox),
+            )  # fmt: skip
+        elif len(self.outbox):
+            log.info("publishing the %d message(s) of cycle %d left by the previous process",
+                     len(self.outbox), self.seq)  # fmt: skip
+        self.publish(positions, **hooks)

@@ -33,7 +33,6 @@ Exit codes of ``stream-dp run`` follow the exceptions: :class:`StateError` 3,
 from __future__ import annotations
 
 import logging
-import secrets
 import signal
 import threading
 import time
@@ -47,10 +46,18 @@ from connectors.schema import (
     conform_features,
     parse_record,
 )
-from stream_dp.checkpoint import load_checkpoint, save_checkpoint
-from stream_dp.engine.commit import DEAD_LETTERS, RELEASES, Outbox, Outputs, PublicationRecord
+from stream_dp.checkpoint import load_checkpoint
+from stream_dp.engine.commit import (
+    DEAD_LETTERS,
+    RELEASES,
+    CommitCycle,
+    Outbox,
+    Outputs,
+    PublicationRecord,
+    RunRefused,
+)
 from stream_dp.engine.config import EngineConfig, SinkConfig, SourceConfig, same_cluster
-from stream_dp.engine.state import Published, StateDir, StateLocked
+from stream_dp.engine.state import StateDir, StateLocked
 from stream_dp.engine.status import StatusWriter, dp_operator_metrics, raw_operator_metrics
 from stream_dp.records import InvalidRecord
 
@@ -218,16 +225,9 @@ class Engine:
         self._source = source
         self._given_sinks = {RELEASES: releases, DEAD_LETTERS: dead_letters}
         self.outputs: Outputs | None = None
+        self.cycle: CommitCycle | None = None
         self.stats = EngineStats()
         self.dead_counts: dict[str, int] = {}
-        self.outbox = Outbox()
-        self.run_id: str | None = None
-        self.run_created: float | None = None
-        self.seq = 0
-        self._committed_positions: dict | None = None
-        self._last_commit = (0, None)  # (cycle, wall time) of the last published cycle
-        self._prior_record: Published | None = None
-        self._unpublished = False
         self._stop = threading.Event()
         self._stop_time: float | None = None
         self._since_commit = 0
@@ -243,6 +243,21 @@ class Engine:
     @property
     def source(self):
         return self._source
+
+    @property
+    def run_id(self) -> str | None:
+        """The run being learned (None before start-up)."""
+        return None if self.cycle is None else self.cycle.run_id
+
+    @property
+    def seq(self) -> int:
+        """The current commit cycle's number."""
+        return 0 if self.cycle is None else self.cycle.seq
+
+    @property
+    def outbox(self) -> Outbox:
+        """What the current cycle will publish."""
+        return Outbox() if self.cycle is None else self.cycle.outbox
 
     def _kafka_parts(self) -> dict[str, bool]:
         """Which configured parts are Kafka ones the engine opens itself (not overridden)."""
@@ -300,6 +315,7 @@ class Engine:
             and same_cluster(cfg.source, topic_cfg),
             state=self.state,
         )
+        self.cycle = CommitCycle(self.state, self.outputs, cfg.model.model_id)
 
     # -- start-up ------------------------------------------------------------------------------
     def _restore(self) -> dict:
@@ -339,7 +355,7 @@ class Engine:
             record = PublicationRecord(
                 None, f"a transaction holds commits to consumer group {cfg.source.group_id!r}"
             )
-        self._prior_record = record.published
+        self.cycle.prior = record.published
         if record.foreign:
             found.append(record.foreign)
         elif record.published is not None:
@@ -403,13 +419,11 @@ class Engine:
 
     def _start_run(self) -> dict:
         cfg = self.config
-        self.run_id = secrets.token_hex(16)
-        self.run_created = time.time()
-        self.seq = 0
+        self.cycle.new_run()
         # Writer first: that settles any transaction a previous run left open (its offsets are
         # unreadable until then), and a run that is fenced now has written nothing.
         self._become_writer()
-        self._verify_record(self._read_record(), before_start=False)
+        self.cycle.verify(self._read_record(), before_start=False)
         if cfg.checkpoint.ledger_journal:
             self._open_journal()
         try:
@@ -421,7 +435,7 @@ class Engine:
         # published; the marker follows it, so a kill in between leaves no marker without a
         # checkpoint.
         self._save(positions)
-        self.state.write_marker(cfg.model.model_id, self.run_id, self.run_created)
+        self.cycle.mark()
         log.info(
             "started model %s, run %s: %s", cfg.model.model_id, self.run_id, self.learner.describe()
         )
@@ -435,40 +449,19 @@ class Engine:
             learner_class=type(self.learner).__name__,
             params=self.learner._get_params(),
         )
-        meta = c.meta
-        if "run_id" not in meta or "seq" not in meta:
-            raise StateError(
-                f"{state.checkpoint} has no run id (written by an earlier stream-dp): resume it "
-                "with that version, or pass --fresh to start a new run"
-            )
-        self.run_id, self.seq = str(meta["run_id"]), int(meta["seq"])
-        self.run_created = float(meta.get("run_created", 0.0))
-        try:
-            marker = state.read_marker()
-        except (OSError, ValueError) as err:
-            raise StateError(f"cannot read the run marker {state.marker}: {err}") from None
-        if marker is None:
-            state.write_marker(cfg.model.model_id, self.run_id, self.run_created)
-        elif marker.get("run_id") != self.run_id:
-            raise StateError(
-                f"{state.checkpoint} belongs to run {self.run_id} but this state directory was "
-                f"created by run {marker.get('run_id')} of model {cfg.model.model_id!r}: the "
-                "checkpoint comes from another run of the model. Put back this directory's own "
-                "checkpoint, or pass --fresh"
-            )
+        self.cycle.resume(c.meta)
         acc_state = c.learner_state["accountant"]
         if "journal" in acc_state:  # it lives beside the checkpoint, wherever that moved
             acc_state["journal"] = {**acc_state["journal"], "path": str(state.journal)}
         self.learner.load_state_dict(c.learner_state)
         if cfg.checkpoint.ledger_journal and self.learner.accountant.journal is None:
             self._open_journal()
-        for k, v in meta.get("stats", {}).items():
+        for k, v in c.meta.get("stats", {}).items():
             setattr(self.stats, k, v)
-        self.dead_counts = dict(meta.get("dead_counts", {}))
-        self.outbox = Outbox.from_state(meta["outbox"])
+        self.dead_counts = dict(c.meta.get("dead_counts", {}))
         record = self._record_before_start()
         if record is not None:
-            self._verify_record(record, before_start=True)
+            self.cycle.verify(record, before_start=True)
         log.info(
             "resumed model %s, run %s, at step %d (ε spent %.4g; cycle %d)",
             cfg.model.model_id,
@@ -489,43 +482,6 @@ class Engine:
                         path, aside)  # fmt: skip
         self.learner.accountant.open_journal(path)
 
-    def _verify_record(self, record: PublicationRecord, *, before_start: bool) -> None:
-        """Refuse to continue when the publication record shows another writer, or a newer past.
-
-        Checked before becoming the writer (so a refused start never fences the instance that
-        is running) and again after (an instance that published in between is caught).
-        """
-        model = self.config.model.model_id
-        if record.foreign:
-            raise StateError(
-                f"{record.foreign}: refusing to publish releases of model {model!r} beside "
-                "them (pass --fresh to start a new run that continues after those offsets)"
-            )
-        p = record.published
-        if p is None:
-            return
-        if p.run_id != self.run_id:
-            if self.seq == 0 and p == self._prior_record:
-                return  # the previous run that --fresh closed
-            if self.seq == 0 and p.seq == 0 and not before_start:
-                # Another new instance registered at the same moment and published nothing;
-                # this one fenced it when it became the writer.
-                log.warning("run %s of model %s was registered at the same moment and has been "
-                            "fenced; it published nothing", p.run_id, model)  # fmt: skip
-                return
-            raise StateError(
-                f"run {p.run_id} of model {model!r} has published (cycle {p.seq}); this state "
-                f"directory holds run {self.run_id}. Two runs of one model would publish two "
-                "histories: stop the other instance, or use its state directory"
-            )
-        if p.seq > self.seq:
-            raise StateError(
-                f"{self.state.checkpoint} is cycle {self.seq} of run {p.run_id} but cycle {p.seq} "
-                "was already published: the checkpoint is older than what consumers have seen "
-                "(restored from a backup?). Resuming would publish other releases for steps "
-                "already released; use the latest checkpoint"
-            )
-
     def _become_writer(self) -> None:
         """Take the model's transactional id (fencing an older writer); idempotent."""
         from connectors.transactions import ProducerFenced
@@ -538,24 +494,24 @@ class Engine:
     def _recover(self) -> None:
         """Become the writer, re-check the record, publish what the checkpoint holds."""
         self._become_writer()
-        record = self._read_record()
-        self._verify_record(record, before_start=False)
-        p = record.published
-        current = Published(self.run_id, self.seq)
-        if p == current:
-            self.outbox.clear()
-            self._committed_positions = self._source.positions()
-            return
-        if self.seq > 0 and (p is None or p.seq != self.seq - 1):
-            log.warning(
-                "no record that cycle %d of run %s was published (the record shows %s): "
-                "publishing its %d message(s) again; consumers may see them twice, identically",
-                self.seq - 1, self.run_id, p.tag if p else "nothing", len(self.outbox),
-            )  # fmt: skip
-        elif len(self.outbox):
-            log.info("publishing the %d message(s) of cycle %d left by the previous process",
-                     len(self.outbox), self.seq)  # fmt: skip
-        self._publish(self._source.positions())
+        self._fenced_as_engine_error(
+            self.cycle.recover, self._source.positions(), self._read_record(), **self._hooks()
+        )
+
+    def _hooks(self) -> dict:
+        return {"on_retry": self._on_retry, "on_wait": self._on_wait}
+
+    def _fenced_as_engine_error(self, fn, *args, **kwargs) -> None:
+        from connectors.transactions import ProducerFenced
+
+        try:
+            fn(*args, **kwargs)
+        except ProducerFenced as err:
+            raise Fenced(
+                f"{err}; the {len(self.outbox)} message(s) of cycle {self.seq} were not published"
+            ) from None
+        finally:
+            self._watch_outage()
 
     # -- the commit cycle --------------------------------------------------------------------
     def _learner_state(self) -> dict:
@@ -565,56 +521,28 @@ class Engine:
             acc["journal"] = {**acc["journal"], "path": self.state.journal.name}
         return state
 
+    def _meta(self) -> dict:
+        return {"stats": self.stats.to_dict(), "dead_counts": dict(self.dead_counts)}
+
     def _save(self, positions: dict) -> None:
-        meta = {
-            "stats": self.stats.to_dict(),
-            "dead_counts": dict(self.dead_counts),
-            "run_id": self.run_id,
-            "run_created": self.run_created,
-            "seq": self.seq,
-            "outbox": self.outbox.to_state(),
-        }
         try:
-            save_checkpoint(self.state.checkpoint, self._learner_state(), positions, meta)
+            self.cycle.save(self._learner_state(), positions, self._meta())
         except OSError as err:
             raise StateError(f"cannot write checkpoint {self.state.checkpoint}: {err}") from None
-
-    def _publish(self, positions: dict) -> None:
-        from connectors.transactions import ProducerFenced
-
-        try:
-            self.outputs.publish(
-                self.outbox.messages,
-                positions,
-                Published(self.run_id, self.seq),
-                on_retry=self._on_retry,
-                on_wait=self._on_wait,
-            )
-        except ProducerFenced as err:
-            raise Fenced(
-                f"{err}; the {len(self.outbox)} message(s) of cycle {self.seq} were not published"
-            ) from None
-        self.outbox.clear()
-        self._committed_positions = positions
-        self._last_commit = (self.seq, time.time())
-        self._watch_outage()
-
-    def _pending(self, positions: dict) -> bool:
-        return bool(len(self.outbox)) or positions != self._committed_positions
 
     def commit(self, *, publish: bool = True) -> None:
         """End the cycle: checkpoint (learner, ledger, positions, outbox), then publish it."""
         positions = self._source.positions()
-        if not self._pending(positions):
+        if not self.cycle.pending(positions):
             return
-        self.seq += 1
-        self._save(positions)
         self._since_commit = 0
         self._commit_clock = time.monotonic()
+        try:
+            self.cycle.checkpoint(self._learner_state(), positions, self._meta())
+        except OSError as err:
+            raise StateError(f"cannot write checkpoint {self.state.checkpoint}: {err}") from None
         if publish:
-            self._unpublished = True  # until published: the checkpoint holds this cycle
-            self._publish(positions)
-            self._unpublished = False
+            self._fenced_as_engine_error(self.cycle.publish, positions, **self._hooks())
 
     def _cycle_due(self, idle: bool) -> bool:
         ck = self.config.checkpoint
@@ -718,6 +646,8 @@ class Engine:
         except KafkaUnavailable:
             self._give_up_outage()
             raise
+        except RunRefused as err:
+            raise StateError(str(err)) from None
         finally:
             self._restore_signals(handlers)
             self.learner.accountant.close()  # flushes and unlocks a journal; reads still work
@@ -745,7 +675,8 @@ class Engine:
 
     def _give_up_outage(self) -> None:
         """At the outage deadline: keep what was learned (checkpoint only) for the restart."""
-        if self.run_id is None or self._committed_positions is None or self._unpublished:
+        cycle = self.cycle
+        if cycle is None or cycle.committed_positions is None or cycle.unpublished:
             return
         try:
             self.commit(publish=False)
@@ -848,7 +779,7 @@ class Engine:
                 lag = lag_fn()
             except Exception:  # noqa: BLE001 - status must never stop the engine
                 lag = None
-        cycle, cycle_time = self._last_commit
+        cycle, cycle_time = (0, None) if self.cycle is None else self.cycle.last_published
         return {
             "time": time.time(),
             "model_id": self.config.model.model_id,
