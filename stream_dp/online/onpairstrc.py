@@ -248,6 +248,11 @@ class OnPairStrC(PairwiseLearner):
         """The ledger of every release and the (ε, δ) spent: ``accountant.spent()``."""
         return self._state.mechanism.budget.accountant
 
+    @staticmethod
+    def ledger_state(state: dict) -> dict:
+        """The ledger's part of a :meth:`state_dict` (where a journal's path is recorded)."""
+        return state["mechanism"]["budget"]["accountant"]
+
     @property
     def n_releases(self) -> int:
         """Number of charged (noisy, learned) releases so far."""
