@@ -29,6 +29,7 @@ PURPOSES: dict[str, int] = {
     "offline": 4,  # offline algorithms' internal noise (per-iteration gradient noise)
     "sampling": 5,  # offline algorithms' index sampling
     "audit": 6,
+    "gradient": 7,  # correlated gradient noise Z_t of the matrix-factorization mechanism
 }
 
 #: Gaussian noise of models up to this many values is drawn in blocks of about this many values
