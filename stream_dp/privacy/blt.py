@@ -10,9 +10,9 @@ Both ``C`` and ``C⁻¹`` (generating function ``1/c(x)``) are then sums of k ge
 
     c_0 = 1,  c_m = Σ_j ω_j θ_j^{m−1}        d_0 = 1,  d_m = Σ_j β_j λ_j^{m−1}        (m ≥ 1)
 
-with ``ω_i = Π_j (θ_i − λ_j) / Π_{j≠i} (θ_i − θ_j)`` and
-``β_i = Π_j (λ_i − θ_j) / Π_{j≠i} (λ_i − λ_j)`` (partial fractions). The noise ``C⁻¹Z`` is therefore a k-buffer linear recurrence: O(k·p) state
-and work per step (:mod:`stream_dp.privacy.correlated_noise`).
+with ``ω_i = Π_j (θ_i − λ_j) / Π_{j≠i} (θ_i − θ_j)`` and ``β_i = Π_j (λ_i − θ_j) / Π_{j≠i} (λ_i −
+λ_j)`` (partial fractions). The noise ``C⁻¹Z`` is therefore a k-buffer linear recurrence: O(k·p)
+state and work per step (:mod:`stream_dp.privacy.correlated_noise`).
 
 **Interlacing.** We only use ``0 < λ_1 < θ_1 < λ_2 < θ_2 < … < λ_k < θ_k < 1``. Then every
 ``ω_i > 0`` and every ``β_i < 0`` (count the negative factors), so ``C`` has positive,

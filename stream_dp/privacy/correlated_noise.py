@@ -39,6 +39,7 @@ from stream_dp.privacy.noise import KeyedNoise, rows_per_block
 
 __all__ = ["CorrelatedNoise", "blt_rows", "block_rows", "standard_rows"]
 
+
 def _blt_loop(Z, R, lam, beta, rows):  # pragma: no cover - compiled with numba only
     # The recurrence of _blt_rows_numpy, one step at a time: rows = Z + Σ_j β_j R_j (j in
     # order), then R_j = λ_j·R_j + Z. Updates R in place.
@@ -246,7 +247,7 @@ class CorrelatedNoise:
             nodes = sorted(set(plus) | set(minus))
             keys = np.array([(q << _TREE_LEVEL_BITS) | lv for lv, q in nodes], dtype=np.int64)
             Z = standard_rows(self.keyed, keys, self.size, self.purpose)
-            for (node, z) in zip(nodes, Z, strict=True):
+            for node, z in zip(nodes, Z, strict=True):
                 out[r] += (node in plus) * z - (node in minus) * z
         return out
 

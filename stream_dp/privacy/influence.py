@@ -1,13 +1,13 @@
 """Pairwise influence patterns: how much one replaced record can change the gradient stream.
 
-The correlated-noise learner's gradient at step t is
-``g_t = (1/B) Σ_{j ∈ P_t} ∇ℓ(w_{t−1}; z_t, z_j)`` over the partners ``P_t`` its buffer offers, with a *fixed* divisor B. Replace one record
-``z_i`` by ``z′_i`` (any features, any label, any position) and evaluate both streams' gradients
-at the same iterates — the adaptive setting of Denisov et al. (NeurIPS 2022), in which every
+The correlated-noise learner's gradient at step t is ``g_t = (1/B) Σ_{j ∈ P_t} ∇ℓ(w_{t−1}; z_t,
+z_j)`` over the partners ``P_t`` its buffer offers, with a *fixed* divisor B. Replace one record
+``z_i`` by ``z′_i`` (any features, any label, any position) and evaluate both streams' gradients at
+the same iterates — the adaptive setting of Denisov et al. (NeurIPS 2022), in which every
 ``w_{t−1}`` is a function of earlier outputs. The *influence pattern* ``u`` bounds the rows:
-``‖g_{i+k} − g′_{i+k}‖ ≤ u[k]``, and the mechanism's sensitivity is then
-``sup ‖C D‖_F`` over such D (:meth:`stream_dp.privacy.factorizations.Factorization.sensitivity`).
-``docs/privacy.md`` (*Sensitivity of the gradient stream*) derives every bound used here.
+``‖g_{i+k} − g′_{i+k}‖ ≤ u[k]``, and the mechanism's sensitivity is then ``sup ‖C D‖_F`` over such D
+(:meth:`stream_dp.privacy.factorizations.Factorization.sensitivity`). ``docs/privacy.md``
+(*Sensitivity of the gradient stream*) derives every bound used here.
 
 Two kinds of pair terms differ between the streams:
 
