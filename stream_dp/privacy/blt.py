@@ -41,6 +41,7 @@ needs only NumPy and SciPy.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -121,6 +122,41 @@ def _complements(params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return comp[..., 1::2], comp[..., 0::2]
 
 
+@functools.lru_cache(maxsize=64)
+def _fitted_decays(n: int, k: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The fitted (θ, λ) for (n, k): a pure function, so learners of one horizon share it."""
+    dim = 2 * k
+    step = 1e-6
+
+    def objective(p: np.ndarray) -> tuple[float, np.ndarray]:
+        # f(p) and its central-difference gradient, evaluated as one batch.
+        batch = np.repeat(p[None, :], 2 * dim + 1, axis=0)
+        batch[1 : dim + 1] += step * np.eye(dim)
+        batch[dim + 1 :] -= step * np.eye(dim)
+        theta_c, lam_c = _complements(batch)
+        sens2, err = _loss_terms(theta_c, lam_c, float(n))
+        f = np.log(sens2) + np.log(err)
+        f = np.where(np.isfinite(f), f, 1e300)
+        return float(f[0]), (f[1 : dim + 1] - f[dim + 1 :]) / (2 * step)
+
+    # Start from s = −ln(1 − v) evenly spaced from 0.5 to ln(n): the fitted values are close
+    # to that (decays 1 − v falling geometrically from ~0.6 to ~1/n).
+    top = max(math.log(n), 1.0)
+    s0 = np.linspace(min(0.5, top / (dim + 1)), top, dim)
+    p0 = np.log(np.diff(np.concatenate([[0.0], s0])))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = optimize.minimize(
+            objective,
+            p0,
+            jac=True,
+            method="L-BFGS-B",
+            options={"maxiter": 500, "ftol": 1e-13, "gtol": 1e-9, "maxcor": 20},
+        )
+    theta_c, lam_c = _complements(res.x)
+    return tuple((1.0 - theta_c).tolist()), tuple((1.0 - lam_c).tolist())
+
+
 class BLT(ToeplitzFactorization):
     """A buffered linear Toeplitz factorization with interlaced poles θ and zeros λ.
 
@@ -187,36 +223,8 @@ class BLT(ToeplitzFactorization):
         k = buffers_for_horizon(n) if buffers is None else int(buffers)
         if not 1 <= k <= 8:
             raise ValueError(f"buffers must be between 1 and 8, got {buffers!r}")
-        dim = 2 * k
-        step = 1e-6
-
-        def objective(p: np.ndarray) -> tuple[float, np.ndarray]:
-            # f(p) and its central-difference gradient, evaluated as one batch.
-            batch = np.repeat(p[None, :], 2 * dim + 1, axis=0)
-            batch[1 : dim + 1] += step * np.eye(dim)
-            batch[dim + 1 :] -= step * np.eye(dim)
-            theta_c, lam_c = _complements(batch)
-            sens2, err = _loss_terms(theta_c, lam_c, float(n))
-            f = np.log(sens2) + np.log(err)
-            f = np.where(np.isfinite(f), f, 1e300)
-            return float(f[0]), (f[1 : dim + 1] - f[dim + 1 :]) / (2 * step)
-
-        # Start from s = −ln(1 − v) evenly spaced from 0.5 to ln(n): the fitted values are close
-        # to that (decays 1 − v falling geometrically from ~0.6 to ~1/n).
-        top = max(math.log(n), 1.0)
-        s0 = np.linspace(min(0.5, top / (dim + 1)), top, dim)
-        p0 = np.log(np.diff(np.concatenate([[0.0], s0])))
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            res = optimize.minimize(
-                objective,
-                p0,
-                jac=True,
-                method="L-BFGS-B",
-                options={"maxiter": 500, "ftol": 1e-13, "gtol": 1e-9, "maxcor": 20},
-            )
-        theta_c, lam_c = _complements(res.x)
-        return cls(1.0 - theta_c, 1.0 - lam_c, horizon=n)
+        theta, lam = _fitted_decays(n, k)
+        return cls(theta, lam, horizon=n)
 
     @classmethod
     def from_state_dict(cls, state: dict) -> BLT:
