@@ -49,7 +49,27 @@ from stream_dp.privacy.mf import MFMechanism, make_factorization
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.records import LabelCodes, auc_label, clip_norm
 
-__all__ = ["MFReference", "step_size_rule"]
+__all__ = ["MFReference", "choose_model_radius", "step_size_rule", "window_rule"]
+
+#: Model radii :func:`choose_model_radius` tries.
+RADIUS_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def window_rule(horizon: int) -> int:
+    """Buffer window (and divisor B) for a horizon: ``min(128, max(16, n // 8))``.
+
+    A record pairs with the ``window`` records before it and after it. The first ``window`` steps
+    have fewer partners than the divisor counts, so a window longer than a small fraction of the
+    stream wastes signal; beyond ~128 the signal per unit of sensitivity no longer changes
+    (both grow like the window), only the cost per step.
+
+    Examples
+    --------
+    >>> window_rule(537), window_rule(35_169), window_rule(50)
+    (67, 128, 16)
+
+    """
+    return int(min(128, max(16, int(horizon) // 8)))
 
 
 def step_size_rule(
@@ -94,7 +114,7 @@ class MFReference:
         ``"window"`` (the last ``window`` records, default) or ``"class"`` (per-class rings of
         ``window`` records with use cap ``use_cap``; AUC only).
     window
-        Buffer size; also the default divisor.
+        Buffer size; also the default divisor. ``None``: :func:`window_rule`.
     divisor
         B (at least ``window``).
     use_cap
@@ -135,7 +155,7 @@ class MFReference:
         delta: float = 1e-5,
         noise: str = "blt",
         buffer: str = "window",
-        window: int = 128,
+        window: int | None = None,
         divisor: int | None = None,
         use_cap: int | None = None,
         data_radius: float = 1.0,
@@ -157,7 +177,7 @@ class MFReference:
         self.horizon = int(horizon)
         self.R = float(data_radius)
         self.D = float(model_radius)
-        self.window = int(window)
+        self.window = window_rule(horizon) if window is None else int(window)
         self.divisor = int(divisor) if divisor is not None else self.window
         if self.divisor < self.window:
             raise ValueError("the divisor must be at least the buffer size")
@@ -337,3 +357,53 @@ class MFReference:
             self.w_avg = np.array(state["w_avg"], dtype=float)
         self.buffer.load_state_dict(state["buffer"])
         self.step = int(state["step"])
+
+
+def choose_model_radius(
+    X_calibration,
+    y_calibration,
+    horizon: int,
+    *,
+    epsilon: float,
+    delta: float = 1e-5,
+    grid=RADIUS_GRID,
+    seeds: int = 3,
+    task: str = "auc",
+    **learner_kw,
+) -> tuple[float, dict[float, float]]:
+    """The model radius D that does best in simulated private runs on a *public* calibration block.
+
+    For every D of ``grid``: ``seeds`` runs of the private learner (the real ε, δ and horizon, so
+    the real noise level) on a stream of ``horizon`` records resampled with replacement from the
+    calibration block, scored by the AUC of the served model on the calibration block itself.
+    Nothing streamed or held out is read, so the choice costs no privacy — provided the
+    calibration block is public (as the demo's is: it fits the scaler). The AUC is measured
+    in-sample, which favours larger D when the block is large relative to d; the seeds of the
+    resampling and of the noise are fixed (0 … seeds − 1), so the choice is reproducible.
+
+    Returns
+    -------
+    tuple of (float, dict)
+        The chosen D and the mean calibration AUC of every D tried.
+
+    """
+    from stream_dp.demo import roc_auc
+
+    if task != "auc":
+        raise ValueError("the calibration score is an AUC: task='auc' only")
+    X = np.asarray(X_calibration, dtype=float)
+    y = np.asarray(y_calibration, dtype=bool)
+    X_clipped = np.stack([clip_norm(x, learner_kw.get("data_radius", 1.0)) for x in X])
+    scores: dict[float, float] = {}
+    for D in grid:
+        aucs = []
+        for s in range(seeds):
+            idx = np.random.default_rng(s).integers(0, len(y), size=horizon)
+            m = MFReference(
+                task, horizon=horizon, epsilon=epsilon, delta=delta, model_radius=D,
+                seed=s, reproducible=True, **learner_kw,
+            )  # fmt: skip
+            m.learn_many(X[idx], y[idx])
+            aucs.append(roc_auc(X_clipped @ m.weights, y))
+        scores[float(D)] = float(np.mean(aucs))
+    return max(scores, key=scores.get), scores
