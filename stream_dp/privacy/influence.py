@@ -68,8 +68,9 @@ def pair_term_bounds(task: str, data_radius: float, model_radius: float) -> Pair
       while the pairing stays: two-sided ``≤ ‖sδδᵀ‖ + ‖s′δ′δ′ᵀ‖ ≤ 2·4R²·s_max``.
 
     These are the constants of :mod:`stream_dp.losses` (``G = 4R`` and ``4R²``) times
-    ``s_max`` — SPEC's ``2G`` per differing pair is the two-sided bound without the convexity
-    argument (``docs/privacy.md``, *Known problems*, item 8).
+    ``s_max``; the ``2G`` per differing pair of the certified recurrence
+    (:mod:`stream_dp.sensitivity`) is the two-sided bound without the convexity argument
+    (``docs/privacy.md``, *Known problems in the papers*, item 8).
 
     Examples
     --------
