@@ -44,6 +44,7 @@ from stream_dp.constraints import L2Ball, PSDFrobeniusBall
 from stream_dp.losses import LogisticAUCLoss, LogisticMetricLoss
 from stream_dp.privacy.accountant import ZCDPAccountant
 from stream_dp.privacy.conversions import epsilon_from_rho
+from stream_dp.privacy.correlated_noise import block_rows
 from stream_dp.privacy.influence import capped_class_pattern, pair_term_bounds, window_pattern
 from stream_dp.privacy.mf import MFMechanism, make_factorization
 from stream_dp.privacy.noise import KeyedNoise
@@ -248,7 +249,9 @@ class MFReference:
         r = t - self._rows_start
         if r >= len(self._rows):
             self._rows_start = self.noise.position
-            self._rows = self.noise.next_rows(min(1024, self.horizon - t + 1))
+            self._rows = self.noise.next_rows(
+                min(block_rows(self.noise.size), self.horizon - t + 1)
+            )
             r = t - self._rows_start
         return self._rows[r]
 
