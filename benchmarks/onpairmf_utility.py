@@ -28,6 +28,7 @@ machine.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
 import warnings
@@ -135,13 +136,17 @@ def _mf_auc(d, X_test, seeds, **kw) -> tuple[list[float], MFReference]:
 def _strc_auc(d, X_test, seeds, epsilon: float) -> list[float]:
     n = len(d.y_stream)
     alpha, _ = choose_alpha(OnPairStrC, n, STRC_ALPHA)
+    # Integer seeds declare a measurement run; learners that ask for it get reproducible=True.
+    extra = (
+        {"reproducible": True} if "reproducible" in inspect.signature(OnPairStrC).parameters else {}
+    )
     out = []
     for s in seeds:
         model = OnPairStrC(
             task="auc", alpha=alpha, buffer=BUFFER, data_radius=DATA_RADIUS,
             model_radius=MODEL_RADIUS, seed=s, track_regret=False, epsilon=epsilon, delta=DELTA,
             horizon=n, release_every=release_every_for(n), smoothing_window=SMOOTHING_WINDOW,
-            predict_with="smoothed", model_id=f"bench-strc-{s}",
+            predict_with="smoothed", model_id=f"bench-strc-{s}", **extra,
         )  # fmt: skip
         for xi, yi in zip(d.X_stream, d.y_stream, strict=True):
             model.learn_one(xi, bool(yi))
