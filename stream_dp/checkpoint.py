@@ -164,7 +164,7 @@ def save_checkpoint(
     --------
     >>> import tempfile, os
     >>> from stream_dp.online import OnPairStrC
-    >>> m = OnPairStrC(alpha=1.0, seed=3, reproducible=True)
+    >>> m = OnPairStrC(alpha=1.0, features=["a"])
     >>> m.learn_one({"a": 0.5}, True)
     >>> p = os.path.join(tempfile.mkdtemp(), "ckpt")
     >>> save_checkpoint(p, m.state_dict(), {"line": 1})

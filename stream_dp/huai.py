@@ -46,9 +46,11 @@ def alpha_for_warmup(base_smoothness: float, max_warmup: float) -> float:
     >>> a = alpha_for_warmup(4.0, 100)
     >>> huai_warmup(4.0 + a, a) <= 100 < huai_warmup(4.0 + a * 0.999, a * 0.999)
     True
+    >>> huai_warmup(4.0 + (b := alpha_for_warmup(4.0, 409.6)), b)
+    409
 
     """
-    T = float(max_warmup)
+    T = float(math.floor(max_warmup))  # T1 is a whole number of steps
     if T < 7:
         raise ValueError(f"the warm-up is at least 7 steps (Huai et al. Alg. 1), got {max_warmup}")
     L = float(base_smoothness)

@@ -22,6 +22,7 @@ from stream_dp.engine.cli import dry_run
 from stream_dp.engine.preflight import ReleaseTooLarge
 from stream_dp.engine.runner import StateError
 from stream_dp.engine.state import StateDir
+from stream_dp.online import OnPairStrC
 
 FEATURES = ["a", "b", "c"]
 
@@ -378,7 +379,7 @@ def test_never_starts_fresh_silently(tmp_path, capsys):
     cfg = config(tmp_path)
     Engine(cfg).run()
     ckpt = Path(cfg.checkpoint.path)
-    spent = load_checkpoint(ckpt).learner_state["accountant"]
+    spent = OnPairStrC.ledger_state(load_checkpoint(ckpt).learner_state)
 
     # A corrupted checkpoint is an error, not a fresh start.
     blob = bytearray(ckpt.read_bytes())
@@ -543,7 +544,7 @@ def test_ledger_journal_survives_crashes_and_refuses_a_lost_journal(tmp_path, mo
     """
     from stream_dp.privacy.accountant import JournalError
 
-    monkeypatch.setattr("stream_dp.privacy.accountant.CHUNK", 4)
+    monkeypatch.setattr("stream_dp.privacy.ledger.CHUNK", 4)
     data = records(120, seed=4)
     (tmp_path / "ref").mkdir()
     reference = run(config(tmp_path / "ref"), data, Collect())
@@ -557,8 +558,8 @@ def test_ledger_journal_survives_crashes_and_refuses_a_lost_journal(tmp_path, mo
     acc = engine.learner.accountant
     assert acc.ledger == reference.learner.accountant.ledger
     assert acc.rho_spent() == reference.learner.accountant.rho_spent()
-    assert len(acc.journal) == len(acc) // 4 >= 8
-    stored = load_checkpoint(Path(cfg.checkpoint.path)).learner_state["accountant"]
+    assert len(acc.storage.journal) == len(acc) // 4 >= 8
+    stored = OnPairStrC.ledger_state(load_checkpoint(Path(cfg.checkpoint.path)).learner_state)
     assert stored["kind"] == "journal:zcdp" and stored["journal"]["path"] == "m.ckpt.ledger"
     assert len(stored["columns"]["step"]) < 4  # the open chunk only
 

@@ -424,6 +424,8 @@ def test_private_release_ranks_pima(pima_split) -> None:
         predict_with="smoothed",
         track_regret=False,
         features=Xtr.shape[1],
+        seed=19,
+        reproducible=True,
     )
     giga = PairwiseGIGA(task="auc", alpha=0.6, track_regret=False)
     with warnings.catch_warnings():

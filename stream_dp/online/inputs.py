@@ -62,7 +62,7 @@ class RecordInput:
     >>> inp = RecordInput("auc", ("a", "b"), radius=1.0)
     >>> xv, yv = inp.validate({"a": 3.0, "b": 4.0, "zz": 1.0}, True)
     >>> inp.accept(True)
-    >>> xv.tolist(), yv, inp.n_clipped, inp.n_unknown
+    >>> xv.round(12).tolist(), yv, inp.n_clipped, inp.n_unknown
     ([0.6, 0.8], 1.0, 1, 1)
 
     """

@@ -26,7 +26,7 @@ class OnPairC(OnPairStrC):
     >>> from stream_dp.online import OnPairC
     >>> model = OnPairC(task="auc", epsilon=2.0, horizon=10_000, features=["a", "b"])
     >>> round(model.alpha_, 4), model.T1
-    (0.2142, 1000)
+    (0.2611, 1000)
 
     """
 

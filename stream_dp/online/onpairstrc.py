@@ -204,6 +204,12 @@ class OnPairStrC(PairwiseLearner):
                 "sensitivity='paper' (Huai Lemma 4, 8G/(αt)) holds only for the full buffer and "
                 "the paper's T1; use sensitivity='certified'"
             )
+        if self.horizon is not None and int(self.horizon) <= T1:
+            raise ValueError(
+                f"horizon {self.horizon} leaves no learning step after the warm-up T1 = {T1} "
+                f"(T1 = max(⌈16L/α²⌉, 7) with L = {c.smoothness:.4g}, α = "
+                f"{c.strong_convexity:.4g}); raise alpha or the horizon"
+            )
         if self.warmup is None and self.horizon is not None and T1 > int(self.horizon) / 10:
             warnings.warn(
                 f"{type(self).__name__}: the warm-up T1 = {T1} is more than a tenth of the "
@@ -214,12 +220,6 @@ class OnPairStrC(PairwiseLearner):
             )
         schedule: Schedule
         if self.horizon is not None:
-            if int(self.horizon) <= T1:
-                raise ValueError(
-                    f"horizon {self.horizon} leaves no learning step after the warm-up T1 = {T1} "
-                    f"(T1 = max(⌈16L/α²⌉, 7) with L = {c.smoothness:.4g}, α = "
-                    f"{c.strong_convexity:.4g}); raise alpha or the horizon"
-                )
             schedule = HorizonSchedule(math.ceil((int(self.horizon) - T1) / self.release_every))
         else:
             schedule = AnytimeSchedule(self.anytime_p)

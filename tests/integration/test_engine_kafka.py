@@ -31,6 +31,7 @@ from stream_dp.checkpoint import load_checkpoint
 from stream_dp.engine import Engine
 from stream_dp.engine.config import EngineConfig
 from stream_dp.engine.runner import KafkaUnavailable
+from stream_dp.online import OnPairStrC
 from stream_dp.privacy import accountant_from_dict
 
 from .kafka_broker import KafkaBroker
@@ -245,7 +246,7 @@ def _wait_for_step(status: Path, above: int, proc: subprocess.Popen, timeout: fl
 
 def _ledger(cfg: dict, journal: bool = False):
     ckpt = load_checkpoint(cfg["checkpoint"]["path"], model_id=cfg["model"]["model_id"])
-    acc_state = ckpt.learner_state["accountant"]
+    acc_state = OnPairStrC.ledger_state(ckpt.learner_state)
     if journal:  # the checkpoint names its journal relative to itself
         path = cfg["checkpoint"]["path"] + ".ledger"
         acc_state = {**acc_state, "journal": {**acc_state["journal"], "path": path}}
@@ -296,14 +297,14 @@ def test_sigkill_three_times_loses_nothing(
     # The ledger in the checkpoint is the one the releases advertise.
     final = max(releases, key=lambda r: r.step)
     if journal:
-        assert ckpt.learner_state["accountant"]["kind"] == "journal:zcdp"
+        assert OnPairStrC.ledger_state(ckpt.learner_state)["kind"] == "journal:zcdp"
     events = ledger.ledger
     assert math.fsum(e.rho for e in events) == ledger.rho_spent() == final.rho_spent
     assert len({e.step for e in events}) == len(events), "a step was charged twice"
     assert ledger.verify()
     if journal:
-        assert ledger.journal is not None and ledger.journal.file_nbytes() > 0
-        ledger.close()
+        assert ledger.storage.journal is not None and ledger.storage.journal.file_nbytes() > 0
+        ledger.storage.close()
 
 
 def test_three_partitions_live_input_sigkill_five_times(
