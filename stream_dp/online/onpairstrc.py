@@ -15,7 +15,7 @@ from stream_dp.online.base import PairwiseLearner
 from stream_dp.online.interfaces import AUCInterface, MetricInterface
 from stream_dp.online.output_perturbation import OutputPerturbation
 from stream_dp.online.params import river_check_params
-from stream_dp.privacy.budget import PrivacyBudget, zcdp_budget
+from stream_dp.privacy.budget import BudgetSlice, PrivacyBudget, zcdp_budget
 from stream_dp.privacy.events import gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
 from stream_dp.privacy.schedules import AnytimeSchedule, HorizonSchedule, Schedule
@@ -100,6 +100,12 @@ class OnPairStrC(PairwiseLearner):
     noise
         The keyed noise source: ``None`` for :class:`stream_dp.privacy.KeyedNoise`. Anything
         else (the audit's deliberately weakened variants) marks every release non-private.
+    budget_share
+        The fraction of the budget's ρ the releases may spend (default: all of it). The rest is
+        left to other components charging the same :attr:`budget` under their own names — a
+        private scaler in front of the learner, private operator metrics — so that the ledger's
+        ``spent()`` is the guarantee of everything together (``docs/privacy.md``,
+        *Accounting*).
 
     Examples
     --------
@@ -145,6 +151,7 @@ class OnPairStrC(PairwiseLearner):
         keep_history: bool = False,
         max_buffer_warning: int = 100_000,
         noise: type | None = None,
+        budget_share: float = 1.0,
     ) -> None:
         self.task = task
         self.epsilon = epsilon
@@ -169,6 +176,7 @@ class OnPairStrC(PairwiseLearner):
         self.keep_history = keep_history
         self.max_buffer_warning = max_buffer_warning
         self.noise = noise
+        self.budget_share = budget_share
         _check_release_params(self)
         self._setup(
             self._alpha_rule(),
@@ -225,12 +233,15 @@ class OnPairStrC(PairwiseLearner):
             schedule = AnytimeSchedule(self.anytime_p)
         budget = zcdp_budget(self.epsilon, self.delta, self.conversion)
         budget.accountant.private = self.seed is None and self.noise is None
+        releases = (
+            budget if self.budget_share == 1.0 else budget.slice(self.budget_share, "gaussian")
+        )
         tracker = CertifiedSensitivity(
             c.lipschitz, c.strong_convexity, c.smoothness, self._constraint.diameter,
             shared_members=buffer.kind == "all", distinct=buffer.distinct,
         )  # fmt: skip
         paper = (c.lipschitz, c.strong_convexity) if self.sensitivity == "paper" else None
-        return OutputPerturbation(budget, schedule, tracker, T1, int(self.release_every),
+        return OutputPerturbation(releases, schedule, tracker, T1, int(self.release_every),
                                   self.horizon, paper)  # fmt: skip
 
     @property
@@ -240,8 +251,10 @@ class OnPairStrC(PairwiseLearner):
 
     @property
     def budget(self) -> PrivacyBudget:
-        """The zCDP budget every release is charged to (it refuses what would overrun it)."""
-        return self._state.mechanism.budget
+        """The zCDP budget every release is charged to (it refuses what would overrun it);
+        with ``budget_share < 1`` the releases charge a slice of it."""
+        budget = self._state.mechanism.budget
+        return budget.parent if isinstance(budget, BudgetSlice) else budget
 
     @property
     def accountant(self):
@@ -251,7 +264,8 @@ class OnPairStrC(PairwiseLearner):
     @staticmethod
     def ledger_state(state: dict) -> dict:
         """The ledger's part of a :meth:`state_dict` (where a journal's path is recorded)."""
-        return state["mechanism"]["budget"]["accountant"]
+        budget = state["mechanism"]["budget"]
+        return budget.get("parent", budget)["accountant"]
 
     @property
     def n_releases(self) -> int:
@@ -371,6 +385,9 @@ def _check_release_params(m: OnPairStrC) -> None:
         raise ValueError(f"sensitivity must be 'certified' or 'paper', got {m.sensitivity!r}")
     if m.warmup is not None and (isinstance(m.warmup, bool) or int(m.warmup) < 1):
         raise ValueError(f"warmup must be None (the paper's T1) or an int >= 1, got {m.warmup!r}")
+    share = m.budget_share
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise ValueError(f"budget_share must be in (0, 1], got {share!r}")
 
 
 class OnPairStrCAUC(OnPairStrC, AUCInterface):

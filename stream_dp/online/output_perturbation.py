@@ -25,7 +25,12 @@ import numpy as np
 
 from stream_dp.huai import huai_sensitivity, is_release_step
 from stream_dp.online.mechanism import Mechanism, register
-from stream_dp.privacy.budget import BudgetExhausted, PrivacyBudget, budget_from_dict
+from stream_dp.privacy.budget import (
+    BudgetExhausted,
+    BudgetSlice,
+    PrivacyBudget,
+    budget_or_slice_from_dict,
+)
 from stream_dp.privacy.events import gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
@@ -42,7 +47,7 @@ class OutputPerturbation(Mechanism):
     Parameters
     ----------
     budget
-        The zCDP budget every release is charged to.
+        The zCDP budget every release is charged to (or the learner's slice of it).
     schedule
         The share of the budget of the k-th release.
     tracker
@@ -63,7 +68,7 @@ class OutputPerturbation(Mechanism):
 
     def __init__(
         self,
-        budget: PrivacyBudget,
+        budget: PrivacyBudget | BudgetSlice,
         schedule: Schedule,
         tracker: CertifiedSensitivity,
         warmup: int,
@@ -224,7 +229,7 @@ class OutputPerturbation(Mechanism):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        budget = budget_from_dict(state["budget"])
+        budget = budget_or_slice_from_dict(state["budget"])
         if (budget.limit, budget.epsilon, budget.delta) != (
             self.budget.limit,
             self.budget.epsilon,
