@@ -426,7 +426,7 @@ def test_blocked_noise_is_a_pure_function_of_the_step() -> None:
 
 
 def test_a_noise_source_given_to_the_constructor_is_the_one_released_and_marked() -> None:
-    """``noise=`` is a constructor collaborator: its draws are what is released (on the
+    """``noise_source=`` is a constructor collaborator: its draws are what is released (on the
     reference step, since the fast path reads only the default keyed noise), the ledger is the
     same, and the learner says its releases are not private."""
 
@@ -437,8 +437,8 @@ def test_a_noise_source_given_to_the_constructor_is_the_one_released_and_marked(
     X, y = _stream(3, "auc")
     make = _maker(dict(cls=OnPairStrC, task="auc", buffer="fifo:5", track_regret=False))
     plain = make()
-    doubled = OnPairStrC(**{**plain._get_params(), "noise": Doubled})
-    batch = OnPairStrC(**{**plain._get_params(), "noise": Doubled})
+    doubled = OnPairStrC(**{**plain._get_params(), "noise_source": Doubled})
+    batch = OnPairStrC(**{**plain._get_params(), "noise_source": Doubled})
     for x, lab in zip(X[:30], _labels(y[:30]), strict=True):
         plain.learn_one(x, lab)
         doubled.learn_one(x, lab)

@@ -82,7 +82,7 @@ class PairwiseLearner(base.Estimator):
         self._constraint: ConstraintSet = (
             L2Ball(model_radius) if self.task == "auc" else PSDFrobeniusBall(model_radius)
         )
-        self._noise = (self.noise or KeyedNoise)(self.seed, self.model_id)
+        self._noise = (self.noise_source or KeyedNoise)(self.seed, self.model_id)
         self._loss = self._loss_for(Regularized, get_loss(self.task, "logistic"))
         buffer = make_buffer(self._copy_buffer(), warn_above=self.max_buffer_warning)
         self._state = LearnerState(
@@ -150,7 +150,7 @@ class PairwiseLearner(base.Estimator):
     def private(self) -> bool:
         """False for the non-private baseline and for a run with a guessable seed or a
         non-default noise source: nothing it publishes is private then."""
-        return self._state.mechanism.private and self.seed is None and self.noise is None
+        return self._state.mechanism.private and self.seed is None and self.noise_source is None
 
     @property
     def step(self) -> int:

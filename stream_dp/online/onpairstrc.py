@@ -97,7 +97,7 @@ class OnPairStrC(PairwiseLearner):
         Keep records so :meth:`best_fixed_comparator` can be solved (finite runs only).
     max_buffer_warning
         The ``"all"`` buffer warns above this many records.
-    noise
+    noise_source
         The keyed noise source: ``None`` for :class:`stream_dp.privacy.KeyedNoise`. Anything
         else (the audit's deliberately weakened variants) marks every release non-private.
     budget_share
@@ -150,7 +150,7 @@ class OnPairStrC(PairwiseLearner):
         track_regret: bool = True,
         keep_history: bool = False,
         max_buffer_warning: int = 100_000,
-        noise: type | None = None,
+        noise_source: type | None = None,
         budget_share: float = 1.0,
     ) -> None:
         self.task = task
@@ -175,7 +175,7 @@ class OnPairStrC(PairwiseLearner):
         self.track_regret = track_regret
         self.keep_history = keep_history
         self.max_buffer_warning = max_buffer_warning
-        self.noise = noise
+        self.noise_source = noise_source
         self.budget_share = budget_share
         _check_release_params(self)
         self._setup(
@@ -232,7 +232,7 @@ class OnPairStrC(PairwiseLearner):
         else:
             schedule = AnytimeSchedule(self.anytime_p)
         budget = zcdp_budget(self.epsilon, self.delta, self.conversion)
-        budget.accountant.private = self.seed is None and self.noise is None
+        budget.accountant.private = self.seed is None and self.noise_source is None
         releases = (
             budget if self.budget_share == 1.0 else budget.slice(self.budget_share, "gaussian")
         )
