@@ -201,9 +201,10 @@ def test_injected_noise_has_the_mechanisms_covariance_across_200_secrets() -> No
     def matches(samples: np.ndarray) -> bool:
         var = np.mean(samples**2, axis=(0, 2))  # per step, over secrets and coordinates
         # 600 samples per step: the relative standard error of a variance is √(2/600) ≈ 6 %.
-        return bool(np.all(np.abs(var / expected - 1.0) < 0.25)) and abs(
-            float(np.mean(var / expected)) - 1.0
-        ) < 0.05
+        return (
+            bool(np.all(np.abs(var / expected - 1.0) < 0.25))
+            and abs(float(np.mean(var / expected)) - 1.0) < 0.05
+        )
 
     samples = _injected_prefix_sums(secrets, n, d)
     assert matches(samples)
@@ -265,10 +266,10 @@ def test_neighbouring_streams_never_exceed_the_certified_sensitivity(task: str) 
         C = a.mf.factorization.strategy_matrix(n)
         worst = max(worst, float(np.linalg.norm(C @ (G - G2))) / a.mf.sensitivity)
     assert worst <= 1.0
-    assert worst > 0.1  # measured ≈ 0.34 (AUC), 0.14 (metric): the audit moves gradients  # the audit moves the gradients at all
+    assert worst > 0.1  # measured ≈ 0.34 (AUC), 0.14 (metric)
 
 
-# -- the model it serves ----------------------------------------------------------------------------
+# -- the model it serves --------------------------------------------------------------------------
 
 
 def test_the_private_ranking_beats_chance_on_a_separable_stream() -> None:

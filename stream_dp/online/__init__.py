@@ -1,8 +1,9 @@
 """Online private pairwise learners with river's interface.
 
 ``OnPairStrC``, ``OnPairC`` (Huai et al. 2020, Algorithms 1–2), ``OnPairMF`` (correlated
-gradient noise: a release at every step for one charge) and the non-private ``PairwiseGIGA``, each a river classifier (``task="auc"``) or supervised transformer
-(``task="metric"``), and ``PrivateMetricKNN``, a kNN classifier on a private learned metric.
+gradient noise: a release at every step for one charge) and the non-private ``PairwiseGIGA``,
+each a river classifier (``task="auc"``) or supervised transformer (``task="metric"``), and
+``PrivateMetricKNN``, a kNN classifier on a private learned metric.
 """
 
 from __future__ import annotations

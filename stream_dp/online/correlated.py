@@ -179,8 +179,9 @@ class CorrelatedNoiseMechanism(Mechanism):
         if not self.private:
             return f"no noise (not private); {mf.factorization.name} factorization unused"
         return (
-            f"correlated Gaussian gradient noise ({mf.factorization.name}): Δ={mf.sensitivity:.4g}, "
-            f"σ={mf.sigma:.4g}, one charge ρ={mf.event(1).rho:.4g} for the whole stream"
+            f"correlated Gaussian gradient noise ({mf.factorization.name}): "
+            f"Δ={mf.sensitivity:.4g}, σ={mf.sigma:.4g}, one charge ρ={mf.event(1).rho:.4g} for "
+            "the whole stream"
         )
 
     def state_dict(self) -> dict:

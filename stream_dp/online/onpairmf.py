@@ -7,7 +7,6 @@ import math
 import numpy as np
 
 from stream_dp.buffers import Buffer, FIFOBuffer
-from stream_dp.losses import get_loss
 from stream_dp.online.base import PairwiseLearner
 from stream_dp.online.budgeted import BudgetedLearner
 from stream_dp.online.correlated import CorrelatedNoiseMechanism
@@ -247,9 +246,9 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         if self.step_size is not None:
             eta = float(self.step_size)
         else:
-            G = get_loss(self.task).constants(float(self.data_radius), 1.0).lipschitz
-            eta = step_size_rule(float(self.model_radius), mf.sigma,
-                                 mf.factorization.max_error(n), self._coordinates(), G, n)  # fmt: skip
+            G = self.constants.lipschitz
+            E = mf.factorization.max_error(n)
+            eta = step_size_rule(float(self.model_radius), mf.sigma, E, self._coordinates(), G, n)
         self.step_size_ = eta
         return eta, self.window
 
