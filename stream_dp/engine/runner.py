@@ -110,10 +110,7 @@ class _Interrupted(Exception):
 
 def build_learner(config: EngineConfig):
     """The private learner described by ``config.model``."""
-    from stream_dp.online import OnPairC, OnPairStrC
-
-    cls = {"OnPairStrC": OnPairStrC, "OnPairC": OnPairC}[config.model.algorithm]
-    return cls(**config.model.learner_kwargs())
+    return config.model.build()
 
 
 def build_source(cfg: SourceConfig):
