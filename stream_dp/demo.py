@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from stream_dp.datasets import Prepared, prepare
+from stream_dp.metrics import auc_standard_error, roc_auc
 from stream_dp.online import OnPairC, OnPairStrC, PairwiseGIGA
 from stream_dp.records import clip_norm
 
@@ -39,10 +40,8 @@ __all__ = [
     "DemoSettings",
     "ModelResult",
     "add_arguments",
-    "auc_standard_error",
     "choose_alpha",
     "main",
-    "roc_auc",
     "run_demo",
 ]
 
@@ -109,28 +108,6 @@ def choose_alpha(cls: type, n: int, preferred: float, max_fraction: float = MAX_
         lo, hi = (mid, hi) if t1(mid) > limit else (lo, mid)
     hi = math.ceil(hi * 1e4) / 1e4  # round up: T1 only falls as α grows
     return hi, f"raised so that T1 <= {max_fraction:g}·n"
-
-
-def roc_auc(scores: np.ndarray, y: np.ndarray) -> float:
-    """Area under the ROC curve (Mann–Whitney, ties counted half)."""
-    from scipy.stats import rankdata
-
-    y = np.asarray(y, dtype=bool)
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return math.nan
-    ranks = rankdata(scores)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def auc_standard_error(auc: float, n_pos: int, n_neg: int) -> float:
-    """Hanley & McNeil (1982) standard error of an AUC estimate."""
-    if not math.isfinite(auc):
-        return math.nan
-    q1 = auc / (2 - auc)
-    q2 = 2 * auc**2 / (1 + auc)
-    var = auc * (1 - auc) + (n_pos - 1) * (q1 - auc**2) + (n_neg - 1) * (q2 - auc**2)
-    return math.sqrt(max(var, 0.0) / (n_pos * n_neg))
 
 
 def _verdict(auc: float, se: float) -> str:

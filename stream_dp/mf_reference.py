@@ -391,7 +391,7 @@ def choose_model_radius(
         The chosen D and the mean calibration AUC of every D tried.
 
     """
-    from stream_dp.demo import roc_auc
+    from stream_dp.metrics import roc_auc
 
     if task != "auc":
         raise ValueError("the calibration score is an AUC: task='auc' only")

@@ -13,7 +13,8 @@ import pytest
 
 from stream_dp import cli
 from stream_dp.datasets import prepare
-from stream_dp.demo import auc_standard_error, choose_alpha, release_every_for, roc_auc
+from stream_dp.demo import choose_alpha, release_every_for
+from stream_dp.metrics import auc_standard_error, roc_auc
 from stream_dp.online import OnPairC, OnPairStrC
 from stream_dp.records import clip_norm
 
@@ -258,6 +259,7 @@ def test_ci_run_propagates_the_pytest_exit_code(tmp_path, rc):
     calls = (tmp_path / "calls").read_text().splitlines()
     assert "-m pip install -e .[test]" in calls
     assert "-m pytest -p no:cacheprovider" in calls
+    assert "-m pytest --doctest-modules stream_dp connectors -p no:cacheprovider -q" in calls
     if rc == 5:
         assert "collected no tests" in proc.stderr
     if rc == 0:

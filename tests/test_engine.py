@@ -23,6 +23,7 @@ from stream_dp.engine.preflight import ReleaseTooLarge
 from stream_dp.engine.runner import StateError
 from stream_dp.engine.state import StateDir
 from stream_dp.online import OnPairStrC
+from stream_dp.privacy import accountant_from_dict
 
 FEATURES = ["a", "b", "c"]
 
@@ -188,7 +189,7 @@ def test_a_fixed_seed_needs_the_run_declared_non_private(tmp_path):
 
 
 def test_non_private_learner_cannot_be_run(tmp_path):
-    with pytest.raises(Exception, match="algorithm"):
+    with pytest.raises(ValueError, match="'OnPairStrC', 'OnPairC', 'OnPairMF'"):
         EngineConfig.model_validate(
             {
                 "model": {"algorithm": "PairwiseGIGA", "features": ["a"]},
@@ -376,7 +377,7 @@ def test_a_crash_while_publishing_republishes_the_same_bytes(tmp_path):
 
 def test_never_starts_fresh_silently(tmp_path, capsys):
     (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
-    cfg = config(tmp_path)
+    cfg = config(tmp_path, warmup=5)  # releases (and charges) from step 6
     Engine(cfg).run()
     ckpt = Path(cfg.checkpoint.path)
     spent = OnPairStrC.ledger_state(load_checkpoint(ckpt).learner_state)
@@ -400,7 +401,11 @@ def test_never_starts_fresh_silently(tmp_path, capsys):
     # --fresh starts a new ledger explicitly, keeping the old run's files aside.
     engine = Engine(cfg, fresh=True)
     engine.run()
-    assert engine.learner.step == 20 and spent is not None
+    assert engine.learner.step == 20
+    before = accountant_from_dict(spent).ledger
+    assert len(before) > 0 and len(engine.learner.accountant.ledger) == len(before), (
+        "a new ledger, holding only the new run's charges"
+    )
     assert list(ckpt.parent.glob("m.ckpt.created.abandoned-*"))
 
 

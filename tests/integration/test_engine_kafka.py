@@ -325,7 +325,7 @@ def test_sigkill_three_times_loses_nothing(
 def test_three_partitions_live_input_sigkill_five_times(
     kafka_broker: KafkaBroker, unique_name, tmp_path
 ):
-    """The scenario that published 5,557 steps twice with different weights (issue 10).
+    """The scenario that published 5,557 steps twice with different weights.
 
     Live input at ~150 records/s on a 3-partition topic; the engine is SIGKILLed five times
     shortly after it has caught up, and restarted. Every copy of every step on the release
