@@ -235,7 +235,7 @@ def test_gradient_noise_enters_each_step_with_the_ledger_sigma(name):
         sigma = est.accountant.ledger[0].sigma
         assert all(d[2] == sigma for d in draws)
         # Reconstruct ζ_1 from the first step: w_1 = w_0 − η(∇L(w_0) + ζ_1).
-        from stream_dp.offline.base import prepare_features
+        from stream_dp.offline.inputs import prepare_features
 
         Xc = prepare_features(X, R)
         Yc = np.where(np.asarray(y) == 1, 1.0, -1.0)
