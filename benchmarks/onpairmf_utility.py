@@ -154,7 +154,8 @@ def _strc_auc(d, X_test, seeds, epsilon: float) -> list[float]:
             task="auc", alpha=alpha, buffer=BUFFER, data_radius=DATA_RADIUS,
             model_radius=MODEL_RADIUS, seed=s, track_regret=False, epsilon=epsilon, delta=DELTA,
             horizon=n, release_every=release_every_for(n), smoothing_window=SMOOTHING_WINDOW,
-            predict_with="smoothed", model_id=f"bench-strc-{s}", **extra,
+            predict_with="smoothed", model_id=f"bench-strc-{s}", features=d.X_stream.shape[1],
+            **extra,
         )  # fmt: skip
         for xi, yi in zip(d.X_stream, d.y_stream, strict=True):
             model.learn_one(xi, bool(yi))
