@@ -15,6 +15,8 @@ from stream_dp.online.base import PairwiseLearner
 from stream_dp.online.interfaces import AUCInterface, MetricInterface
 from stream_dp.online.output_perturbation import OutputPerturbation
 from stream_dp.online.params import river_check_params
+from stream_dp.operator_metrics import NOISES as METRICS_NOISES
+from stream_dp.operator_metrics import OperatorMetricsMixin
 from stream_dp.privacy.budget import BudgetSlice, PrivacyBudget, zcdp_budget
 from stream_dp.privacy.events import gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
@@ -24,7 +26,7 @@ from stream_dp.sensitivity import CertifiedSensitivity
 __all__ = ["OnPairStrC", "OnPairStrCAUC", "OnPairStrCMetric"]
 
 
-class OnPairStrC(PairwiseLearner):
+class OnPairStrC(OperatorMetricsMixin, PairwiseLearner):
     """Online Pairwise Private GIGA, strongly convex (Huai et al., AAAI 2020, Algorithm 1).
 
     Each record ``z_t`` is paired with the buffer ``B_t``; one projected gradient step is taken
@@ -101,11 +103,20 @@ class OnPairStrC(PairwiseLearner):
         The keyed noise source: ``None`` for :class:`stream_dp.privacy.KeyedNoise`. Anything
         else (the audit's deliberately weakened variants) marks every release non-private.
     budget_share
-        The fraction of the budget's ρ the releases may spend (default: all of it). The rest is
-        left to other components charging the same :attr:`budget` under their own names — a
-        private scaler in front of the learner, private operator metrics — so that the ledger's
-        ``spent()`` is the guarantee of everything together (``docs/privacy.md``,
-        *Accounting*).
+        The fraction of the budget's ρ the releases may spend (default: what ``metrics_share``
+        leaves, all of it without metrics). The rest is left to other components charging the
+        same :attr:`budget` under their own names — a private scaler in front of the learner,
+        the private operator metrics — so that the ledger's ``spent()`` is the guarantee of
+        everything together (``docs/privacy.md``, *Accounting*). ``budget_share +
+        metrics_share`` may not exceed 1.
+    metrics_share
+        The fraction of ρ spent on differentially private operator metrics (default 0: none):
+        the running average penalty of the served models and the clip and unknown-feature
+        rates, released by :meth:`release_metrics` at any step for one charge
+        (:mod:`stream_dp.operator_metrics`; needs ``track_regret``).
+    metrics_noise
+        Their continual-release noise: ``"blt"`` (default; also for ``horizon=None``) or
+        ``"tree"``.
 
     Examples
     --------
@@ -151,7 +162,9 @@ class OnPairStrC(PairwiseLearner):
         keep_history: bool = False,
         max_buffer_warning: int = 100_000,
         noise: type | None = None,
-        budget_share: float = 1.0,
+        budget_share: float | None = None,
+        metrics_share: float = 0.0,
+        metrics_noise: str = "blt",
     ) -> None:
         self.task = task
         self.epsilon = epsilon
@@ -177,12 +190,15 @@ class OnPairStrC(PairwiseLearner):
         self.max_buffer_warning = max_buffer_warning
         self.noise = noise
         self.budget_share = budget_share
+        self.metrics_share = metrics_share
+        self.metrics_noise = metrics_noise
         _check_release_params(self)
         self._setup(
             self._alpha_rule(),
             window=int(smoothing_window),
             smoothed=predict_with == "smoothed",
         )
+        self._metrics = self._operator_metrics()
 
     def _alpha_rule(self) -> float:
         """α as given, or the default rule: a preferred α (:meth:`_preferred_alpha`), raised
@@ -233,9 +249,8 @@ class OnPairStrC(PairwiseLearner):
             schedule = AnytimeSchedule(self.anytime_p)
         budget = zcdp_budget(self.epsilon, self.delta, self.conversion)
         budget.accountant.private = self.seed is None and self.noise is None
-        releases = (
-            budget if self.budget_share == 1.0 else budget.slice(self.budget_share, "gaussian")
-        )
+        share = self._release_share()
+        releases = budget if share == 1.0 else budget.slice(share, "gaussian")
         tracker = CertifiedSensitivity(
             c.lipschitz, c.strong_convexity, c.smoothness, self._constraint.diameter,
             shared_members=buffer.kind == "all", distinct=buffer.distinct,
@@ -243,6 +258,11 @@ class OnPairStrC(PairwiseLearner):
         paper = (c.lipschitz, c.strong_convexity) if self.sensitivity == "paper" else None
         return OutputPerturbation(releases, schedule, tracker, T1, int(self.release_every),
                                   self.horizon, paper)  # fmt: skip
+
+    def _release_share(self) -> float:
+        if self.budget_share is None:
+            return 1.0 - float(self.metrics_share)
+        return float(self.budget_share)
 
     @property
     def T1(self) -> int:
@@ -358,6 +378,7 @@ class OnPairStrC(PairwiseLearner):
             f"α={c.strong_convexity:.4g}; ρ budget={self.budget.limit:.4g} "
             f"(ε={self.epsilon}, δ={self.delta}, {self.conversion}); {sched}; "
             f"σ per coordinate at step {first} ≈ {sig} ({self.sensitivity} sensitivity)"
+            + self._describe_metrics()
         )
 
     def __repr__(self) -> str:
@@ -385,9 +406,17 @@ def _check_release_params(m: OnPairStrC) -> None:
         raise ValueError(f"sensitivity must be 'certified' or 'paper', got {m.sensitivity!r}")
     if m.warmup is not None and (isinstance(m.warmup, bool) or int(m.warmup) < 1):
         raise ValueError(f"warmup must be None (the paper's T1) or an int >= 1, got {m.warmup!r}")
-    share = m.budget_share
-    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
-        raise ValueError(f"budget_share must be in (0, 1], got {share!r}")
+    share, metrics = m.budget_share, m.metrics_share
+    if share is not None and (
+        isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1
+    ):
+        raise ValueError(f"budget_share must be None or in (0, 1], got {share!r}")
+    if isinstance(metrics, bool) or not isinstance(metrics, int | float) or not 0 <= metrics < 1:
+        raise ValueError(f"metrics_share must be in [0, 1), got {metrics!r}")
+    if share is not None and share + metrics > 1 + 1e-12:
+        raise ValueError(f"budget_share {share!r} + metrics_share {metrics!r} exceeds the budget")
+    if m.metrics_noise not in METRICS_NOISES:
+        raise ValueError(f"metrics_noise must be one of {METRICS_NOISES}, got {m.metrics_noise!r}")
 
 
 class OnPairStrCAUC(OnPairStrC, AUCInterface):
