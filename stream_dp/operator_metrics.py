@@ -63,6 +63,7 @@ __all__ = [
     "SERIES",
     "OperatorMetrics",
     "OperatorMetricsMixin",
+    "check_shares",
     "penalty_pattern",
     "penalty_term_range",
 ]
@@ -136,6 +137,34 @@ def penalty_pattern(
         "may keep one record in every slot for ever, and per-class buffers move other "
         "records' membership (docs/privacy.md, Operator metrics)"
     )
+
+
+def check_shares(budget_share: float | None, metrics_share: float, metrics_noise: str) -> None:
+    """Validate a learner's ``budget_share``, ``metrics_share`` and ``metrics_noise``.
+
+    Examples
+    --------
+    >>> check_shares(None, 0.1, "blt")
+    >>> check_shares(0.95, 0.1, "blt")
+    Traceback (most recent call last):
+    ...
+    ValueError: budget_share 0.95 + metrics_share 0.1 exceeds the budget (their sum is at most 1)
+
+    """
+    share, metrics = budget_share, metrics_share
+    if share is not None and (
+        isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1
+    ):
+        raise ValueError(f"budget_share must be None or in (0, 1], got {share!r}")
+    if isinstance(metrics, bool) or not isinstance(metrics, int | float) or not 0 <= metrics < 1:
+        raise ValueError(f"metrics_share must be in [0, 1), got {metrics!r}")
+    if share is not None and share + metrics > 1 + 1e-12:
+        raise ValueError(
+            f"budget_share {share!r} + metrics_share {metrics!r} exceeds the budget (their sum "
+            "is at most 1)"
+        )
+    if metrics_noise not in NOISES:
+        raise ValueError(f"metrics_noise must be one of {NOISES}, got {metrics_noise!r}")
 
 
 def _factorization(noise: str, horizon: int | None):
@@ -287,10 +316,10 @@ class OperatorMetrics:
             "average_penalty": _finite(noisy[0] * per_score),
             "average_penalty_std": _finite(std[0] * per_score),
             "scored_steps": scored,
-            "clip_rate": noisy[1] / step,
-            "clip_rate_std": std[1] / step,
-            "unknown_feature_rate": noisy[2] / step,
-            "unknown_feature_rate_std": std[2] / step,
+            "clip_rate": float(noisy[1] / step),
+            "clip_rate_std": float(std[1] / step),
+            "unknown_feature_rate": float(noisy[2] / step),
+            "unknown_feature_rate_std": float(std[2] / step),
             "noise": self.noise,
             "rho": sums.event(step, MECHANISM).rho,
         }
@@ -340,9 +369,19 @@ class OperatorMetricsMixin:
     metrics_noise: str
     _metrics: OperatorMetrics | None = None
 
+    def _release_share(self) -> float:
+        """The share of ρ the learner's own mechanism may spend: ``budget_share``, or by
+        default what the metrics leave."""
+        if self.budget_share is None:
+            return 1.0 - float(self.metrics_share)
+        return float(self.budget_share)
+
     def _operator_metrics(self) -> OperatorMetrics | None:
         if not self.metrics_share:
             return None
+        if self.budget is None:
+            raise ValueError("metrics_share needs a privacy budget (epsilon=None runs without "
+                             "one)")  # fmt: skip
         if not self.track_regret:
             raise ValueError("metrics_share needs track_regret=True: the private average penalty "
                              "is released from the tracked penalties")  # fmt: skip

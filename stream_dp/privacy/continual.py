@@ -53,9 +53,9 @@ __all__ = ["ContinualSums", "prefix_variance_at", "series_sensitivity"]
 # The schedules' convention: ρ is shaved by 1e-9 relative so that the cost computed back from
 # (Δ, σ) in floating point can never exceed the share it was derived from.
 _SHARE = 1.0 - 1e-9
-# BinaryTree.sensitivity scans every offset of every level shorter than the pattern (quadratic in
-# its length); longer patterns take the triangle-inequality bound.
-_EXACT_TREE_PATTERN = 4096
+# The exact sensitivities are quadratic in the pattern's length (the tree scans every offset of
+# every level, BLT sums the first L rows directly); a longer tail takes the triangle inequality.
+_EXACT_PATTERN = 4096
 # Noise rows are drawn at most this many steps at a time when catching up.
 _CATCH_UP_ROWS = 65536
 
@@ -63,9 +63,10 @@ _CATCH_UP_ROWS = 65536
 def series_sensitivity(factorization: Factorization, pattern, horizon: int | None) -> float:
     """``sup ‖C·D‖`` over series differences bounded by ``pattern`` (placed anywhere).
 
-    The factorization's own bound (exact for Toeplitz and BLT), except for a binary tree with a
-    pattern longer than 4096 steps: its ``‖pattern‖₁ · max_j ‖C e_j‖`` (the triangle
-    inequality, valid for every C), because the exact level-by-level scan is quadratic.
+    The factorization's own bound (exact for Toeplitz, BLT and the tree) for the first 4096
+    entries of the pattern; a longer pattern's tail adds ``‖tail‖₁ · max_j ‖C e_j‖`` (the
+    triangle inequality, valid for every C: ``sup ‖C(D_head + D_tail)‖ ≤ sup ‖C D_head‖ +
+    sup ‖C D_tail‖``), because the exact computations are quadratic in the pattern's length.
 
     Examples
     --------
@@ -75,13 +76,14 @@ def series_sensitivity(factorization: Factorization, pattern, horizon: int | Non
 
     """
     u = np.asarray(pattern, dtype=float)
-    if horizon is None:
-        if not isinstance(factorization, BLT):
-            raise ValueError("an unbounded stream needs BLT noise (its column norms converge)")
-        return float(factorization.sensitivity(u, None))
-    if isinstance(factorization, BinaryTree) and len(u) > _EXACT_TREE_PATTERN:
-        return Factorization.sensitivity(factorization, u, horizon)
-    return float(factorization.sensitivity(u, horizon))
+    if horizon is None and not isinstance(factorization, BLT):
+        raise ValueError("an unbounded stream needs BLT noise (its column norms converge)")
+    head, tail = u[:_EXACT_PATTERN], u[_EXACT_PATTERN:]
+    bound = float(factorization.sensitivity(head, horizon))
+    if len(tail):
+        # One step's exact sensitivity is the largest column norm max_j ‖C e_j‖.
+        bound += float(np.abs(tail).sum()) * float(factorization.sensitivity(np.ones(1), horizon))
+    return bound
 
 
 def prefix_variance_at(factorization: Factorization, t: int) -> float:
