@@ -60,6 +60,7 @@ __all__ = [
     "ConfigError",
     "EngineConfig",
     "KafkaConfig",
+    "MetricsConfig",
     "ModelConfig",
     "SinkConfig",
     "SourceConfig",
@@ -261,6 +262,30 @@ class StatusConfig(_Strict):
     )
 
 
+class MetricsConfig(_Strict):
+    """Differentially private operator metrics in ``status.json`` and the log (off by default).
+
+    ``share`` of the model's ρ buys one continual-release charge (``"gaussian-metrics"`` on the
+    model's ledger) for the running average penalty of the served models and the clip and
+    unknown-feature rates at every status interval; the releases get the rest
+    (``docs/privacy.md``, *Operator metrics*).
+    """
+
+    share: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of the model's ρ spent on the private operator metrics (0: none).",
+    )
+    noise: Literal["blt", "tree"] = Field(
+        "blt", description="Continual-release noise: 'blt' (also for an unbounded stream) or 'tree'."
+    )
+
+    def learner_kwargs(self) -> dict[str, Any]:
+        """The learner's ``metrics_share`` and ``metrics_noise``."""
+        return {"metrics_share": self.share, "metrics_noise": self.noise} if self.share else {}
+
+
 class KafkaConfig(_Strict):
     """How the engine treats the Kafka cluster(s) it uses."""
 
@@ -296,6 +321,7 @@ class EngineConfig(_Strict):
     dead_letters: SinkConfig
     checkpoint: CheckpointConfig
     status: StatusConfig = Field(default_factory=StatusConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     max_message_bytes: int = Field(1_000_000, ge=1)
 
