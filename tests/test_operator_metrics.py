@@ -5,7 +5,10 @@ charge under ``"gaussian-metrics"`` within its share."""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import re
 
 import numpy as np
 import pytest
@@ -321,3 +324,100 @@ def test_without_a_share_nothing_is_released_or_charged() -> None:
     model.learn_many(X, y)
     assert model.release_metrics() is None and model.metrics is None
     assert MECHANISM not in {e.mechanism for e in model.accountant.ledger}
+
+
+# --- criterion: no raw penalty leaves the process ----------------------------------------------
+
+_NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?")
+
+
+def _significant(token: str) -> int:
+    mantissa = token.lstrip("-").split("e")[0].split("E")[0].replace(".", "").lstrip("0")
+    return len(mantissa)
+
+
+def _leaks(texts: dict[str, str], raw: np.ndarray, min_digits: int = 6) -> list[str]:
+    """Numbers in ``texts`` equal, at their printed precision (≥ ``min_digits`` significant
+    digits), to one of the ``raw`` values."""
+    found = []
+    for name, text in texts.items():
+        for token in _NUMBER.findall(text):
+            p = _significant(token)
+            if p < min_digits:
+                continue
+            v = float(token)
+            rounded = {float(f"{r:.{p}g}") for r in raw}
+            if float(f"{v:.{p}g}") in rounded:
+                found.append(f"{name}: {token}")
+    return found
+
+
+def test_the_raw_penalty_sequence_appears_in_no_engine_output(tmp_path, caplog) -> None:
+    from stream_dp.checkpoint import load_checkpoint
+    from stream_dp.engine import Engine, EngineConfig
+
+    rng = np.random.default_rng(7)
+    n, features = 400, ["a", "b", "c"]
+    rows = []
+    for _ in range(n):
+        x = rng.normal(size=3)
+        rows.append({"x": dict(zip(features, x.tolist(), strict=True)), "y": int(x[0] > 0)})
+    rows[5]["x"]["extra"] = 1.0  # an unknown feature, counted by the private metrics
+    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = EngineConfig.model_validate({
+        "model": {"buffer": 16, "horizon": n, "epsilon": 4.0, "model_id": "m",
+                  "features": features},
+        "metrics": {"share": 0.2},
+        "source": {"kind": "jsonl", "path": str(tmp_path / "in.jsonl")},
+        "releases": {"kind": "jsonl", "path": str(tmp_path / "out" / "rel.jsonl")},
+        "dead_letters": {"kind": "jsonl", "path": str(tmp_path / "out" / "dead.jsonl")},
+        "checkpoint": {"path": str(tmp_path / "state" / "m.ckpt"), "every_records": 50},
+        "status": {"interval_seconds": 1e-9, "file": str(tmp_path / "state" / "status.json")},
+    })  # fmt: skip
+    engine = Engine(cfg)
+    statuses = []
+    write = engine.status_writer.write
+
+    def keep(status, raw=None):
+        write(status, raw)
+        statuses.append((tmp_path / "state" / "status.json").read_text())
+
+    engine.status_writer.write = keep
+    with caplog.at_level(logging.INFO, logger="stream_dp.engine"):
+        engine.run()
+    log_text = "\n".join(r.getMessage() for r in caplog.records)
+
+    # Reconstruct the raw penalties: the same learner, the run's secret, the same records.
+    ck = load_checkpoint(cfg.checkpoint.path)
+    secret = int(ck.learner_state["secret"])
+    kw = {**cfg.model.learner_kwargs(), **cfg.metrics.learner_kwargs()}
+    twin = OnPairStrC(**{**kw, "seed": secret, "reproducible": True})
+    penalties: list[float] = []
+    record = twin.regret.record
+    twin.regret.record = lambda p: (penalties.append(p), record(p))
+    for r in rows:
+        twin.learn_one({k: v for k, v in r["x"].items() if k in features}, r["y"])
+    assert twin.regret.cumulative == ck.learner_state["regret"][0], "the reconstruction is exact"
+    p = np.array(penalties)
+    assert len(p) == n - 1 and np.ptp(p) > 0
+    cumulative = np.cumsum(p)
+    raw = np.concatenate([p, cumulative, cumulative / np.arange(1, len(p) + 1)])
+
+    # What the run published or wrote: every status.json, the releases, the log.
+    releases = (tmp_path / "out" / "rel.jsonl").read_text()
+    texts = {f"status#{k}": s for k, s in enumerate(statuses)}
+    texts.update({"releases": releases, "log": log_text})
+    assert len(statuses) > 5 and releases.count("\n") > 100
+    last = json.loads(statuses[-1])["dp_metrics"]
+    assert last["step"] == n and last["private"] is True and last["scored_steps"] == n - 1
+    assert "dp: avg_penalty=" in log_text
+    # The private value is the raw one plus noise of the advertised size: close, never equal.
+    assert abs(last["average_penalty"] - raw[-1]) < 6 * last["average_penalty_std"]
+    assert _leaks(texts, raw) == []
+    # The check has power: a raw value in status.json is found.
+    assert _leaks({"planted": json.dumps({"average_penalty": float(raw[-1])})}, raw)
+    assert [e.mechanism for e in engine.learner.accountant.ledger].count(MECHANISM) == 1
+    # State files (the checkpoint holds raw records and the secret) 0600, their directory 0700.
+    for f in (tmp_path / "state" / "status.json", tmp_path / "state" / "m.ckpt"):
+        assert oct(f.stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "state").stat().st_mode & 0o777) == "0o700"

@@ -278,7 +278,8 @@ class MetricsConfig(_Strict):
         description="Share of the model's ρ spent on the private operator metrics (0: none).",
     )
     noise: Literal["blt", "tree"] = Field(
-        "blt", description="Continual-release noise: 'blt' (also for an unbounded stream) or 'tree'."
+        "blt",
+        description="Continual-release noise: 'blt' (also for an unbounded stream) or 'tree'.",
     )
 
     def learner_kwargs(self) -> dict[str, Any]:
