@@ -51,10 +51,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from stream_dp.losses import phi
-from stream_dp.privacy.blt import BLT
 from stream_dp.privacy.budget import BudgetExhausted, PrivacyBudget
 from stream_dp.privacy.continual import ContinualSums
-from stream_dp.privacy.factorizations import BinaryTree
+from stream_dp.privacy.mf import make_factorization
 from stream_dp.privacy.noise import KeyedNoise
 
 __all__ = [
@@ -168,14 +167,12 @@ def check_shares(budget_share: float | None, metrics_share: float, metrics_noise
 
 
 def _factorization(noise: str, horizon: int | None):
-    if noise == "blt":
-        return BLT.fit(ANYTIME_FIT_HORIZON if horizon is None else int(horizon))
-    if noise == "tree":
-        if horizon is None:
-            raise ValueError("tree noise needs a horizon (its column norms grow with it); use "
-                             "metrics_noise='blt' for an unbounded stream")  # fmt: skip
-        return BinaryTree()
-    raise ValueError(f"metrics noise must be one of {NOISES}, got {noise!r}")
+    if noise not in NOISES:
+        raise ValueError(f"metrics noise must be one of {NOISES}, got {noise!r}")
+    if noise == "tree" and horizon is None:
+        raise ValueError("tree noise needs a horizon (its column norms grow with it); use "
+                         "metrics_noise='blt' for an unbounded stream")  # fmt: skip
+    return make_factorization(noise, ANYTIME_FIT_HORIZON if horizon is None else int(horizon))
 
 
 class OperatorMetrics:
