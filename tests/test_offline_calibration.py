@@ -68,7 +68,8 @@ def _p(task):
 
 def _G(task, alpha=0.0, radius=1.0, center_radius=None):
     """Logistic G = 4R (AUC) or 4R² (metric), plus α·(D or diam) for a regulariser
-    (``docs/algorithms.md``, *Constants*)."""
+    (``docs/algorithms.md``, *Conventions shared by all
+    learners*)."""
     base = 4 * R if task == "auc" else 4 * R**2
     return base + alpha * (radius if center_radius is None else center_radius)
 
