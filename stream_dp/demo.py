@@ -5,12 +5,13 @@ Diabetes, 768 records) is split once, by a fixed seed, into a calibration block 
 scaler; never streamed), a stream (learned one record at a time) and a held-out test split
 (never streamed). Every learner sees the stream through its river interface (``learn_one``);
 the private learners publish noisy models, and the demo measures the test AUC of the smoothed
-private release, the privacy spent, and the operator-only average regret. The learners are
-independent and run in --jobs worker processes (default: 2).
+private release and the privacy spent. The average regret of each learner — computed from raw
+records, for the trusted operator only — is shown only with --operator-metrics, marked raw.
+The learners are independent and run in --jobs worker processes (default: 2).
 
 Outputs (in --out DIR): results.md (settings, table, honest verdicts), releases.jsonl (one
 release_message() per release step, tagged with dataset and model), demo.png (AUC of the release
-and average penalty against t; needs matplotlib).
+against t, and with --operator-metrics the raw average penalty; needs matplotlib).
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ class DemoSettings:
     max_records: int | None = None
     seed: int | None = None
     plot: bool = True
+    #: Also compute and show the raw (non-private) regret: for the trusted operator only.
+    operator_metrics: bool = False
     quiet: bool = False
     jobs: int = 2
 
@@ -164,6 +167,7 @@ class ModelResult:
     curve_t: list[int] = field(default_factory=list)
     curve_auc: list[float] = field(default_factory=list)
     curve_penalty: list[float] = field(default_factory=list)
+    operator: bool = False  # compute the raw regret (operator-only, never in a default output)
     seed_spread: list[float] = field(default_factory=list)
 
     @property
@@ -342,7 +346,7 @@ def _learn_task(res: ModelResult, seed: int | None, max_records: int | None) -> 
     lines: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # exhaustion is reported in the table
-        model = _make_learner(res, seed)
+        model = _make_learner(res, seed, keep_history=res.operator)
         _stream_one(res, model, data, X_test, lambda m: lines.append(json.dumps(m)),
                     _QueueProgress())  # fmt: skip
     return res, lines
@@ -405,7 +409,8 @@ def _stream_one(
             w = _served(model)
             res.curve_t.append(t)
             res.curve_auc.append(math.nan if w is None else roc_auc(X_test @ w, data.y_test))
-            res.curve_penalty.append(model.regret.average_penalty)
+            if res.operator:
+                res.curve_penalty.append(model.regret.average_penalty)
         pending += 1
         if pending == 500:
             progress.update(pending)
@@ -422,12 +427,13 @@ def _stream_one(
             res.cos_w0 = float(w @ w0 / (res.weight_norm * np.linalg.norm(w0)))
     res.auc_se = auc_standard_error(res.test_auc, int(y_test.sum()), int((~y_test).sum()))
     res.verdict = _verdict(res.test_auc, res.auc_se)
-    res.average_penalty = model.regret.average_penalty
-    _, best, exact = model.best_fixed_comparator(
-        max_pairs=REGRET_MAX_PAIRS, iterations=REGRET_ITERATIONS, seed=0
-    )
-    res.average_regret = (model.regret.cumulative - best) / max(model.regret.steps, 1)
-    res.regret_exact = exact
+    if res.operator:  # raw records in, a raw statistic out: for the operator's eyes only
+        res.average_penalty = model.regret.average_penalty
+        _, best, exact = model.best_fixed_comparator(
+            max_pairs=REGRET_MAX_PAIRS, iterations=REGRET_ITERATIONS, seed=0
+        )
+        res.average_regret = (model.regret.cumulative - best) / max(model.regret.steps, 1)
+        res.regret_exact = exact
     if private:
         res.epsilon_spent = model.accountant.spent()[0]
         res.n_releases = model.n_releases
@@ -450,12 +456,17 @@ TABLE_HEADER = (
     "T1",
     "test AUC (±2se)",
     "verdict",
-    "avg regret (operator-only)",
+    "avg regret (RAW, operator-only)",
     "wall s",
 )
 
 
-def _table_rows(results: list[ModelResult]) -> list[tuple[str, ...]]:
+def _header(operator: bool) -> tuple[str, ...]:
+    """The table's columns; the raw regret only for the operator."""
+    return TABLE_HEADER if operator else tuple(h for h in TABLE_HEADER if "RAW" not in h)
+
+
+def _table_rows(results: list[ModelResult], operator: bool) -> list[tuple[str, ...]]:
     rows = []
     for r in results:
         rows.append(
@@ -468,28 +479,35 @@ def _table_rows(results: list[ModelResult]) -> list[tuple[str, ...]]:
                 str(r.T1),
                 f"{_fmt(r.test_auc)} ± {_fmt(2 * r.auc_se, '.3f')}",
                 r.verdict,
-                _fmt(r.average_regret, ".4f") + ("" if r.regret_exact else "*"),
+                *(
+                    [_fmt(r.average_regret, ".4f") + ("" if r.regret_exact else "*")]
+                    if operator
+                    else []
+                ),
                 f"{r.wall_seconds:.1f}",
             )
         )
     return rows
 
 
-def format_table(results: list[ModelResult], markdown: bool = False) -> str:
+def format_table(results: list[ModelResult], markdown: bool = False, operator: bool = False) -> str:
     """The results table, as aligned text (terminal) or as a Markdown table."""
-    rows = _table_rows(results)
+    rows = _table_rows(results, operator)
+    header = _header(operator)
     if markdown:
-        lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
-    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(TABLE_HEADER)]
-    line = "  ".join(h.ljust(w) for h, w in zip(TABLE_HEADER, widths, strict=True))
+    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(header)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
     out = [line, "-" * len(line)]
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(out)
 
 
-def _plot(results: list[ModelResult], datasets: Sequence[str], path: Path) -> str | None:
+def _plot(
+    results: list[ModelResult], datasets: Sequence[str], path: Path, operator: bool = False
+) -> str | None:
     """Write demo.png; returns None on success, else the reason it was skipped."""
     try:
         import matplotlib
@@ -504,9 +522,13 @@ def _plot(results: list[ModelResult], datasets: Sequence[str], path: Path) -> st
         e: cmap(0.15 + 0.7 * i / max(len(eps_values) - 1, 1)) for i, e in enumerate(eps_values)
     }
     styles = {"OnPairStrC": "-", "OnPairC": "--", "OnPairMF": "-."}
-    fig, axes = plt.subplots(len(datasets), 2, figsize=(13, 4.6 * len(datasets)), squeeze=False)
+    cols = 2 if operator else 1
+    fig, axes = plt.subplots(
+        len(datasets), cols, figsize=(6.5 * cols + 1, 4.6 * len(datasets)), squeeze=False
+    )
     for row, name in enumerate(datasets):
-        ax_auc, ax_pen = axes[row]
+        ax_auc = axes[row][0]
+        ax_pen = axes[row][1] if operator else None
         for r in (r for r in results if r.dataset == name):
             if r.epsilon_target is None:
                 kw = dict(color="black", lw=2.2, ls="-", label="PairwiseGIGA (non-private)")
@@ -514,18 +536,20 @@ def _plot(results: list[ModelResult], datasets: Sequence[str], path: Path) -> st
                 kw = dict(color=colors[r.epsilon_target], lw=1.6, ls=styles[r.algorithm])
                 kw["label"] = f"{r.algorithm} ε={r.epsilon_target:g}"
             ax_auc.plot(r.curve_t, r.curve_auc, **kw)
-            ax_pen.plot(r.curve_t, r.curve_penalty, **kw)
+            if ax_pen is not None:
+                ax_pen.plot(r.curve_t, r.curve_penalty, **kw)
         n = max((r.steps for r in results if r.dataset == name), default=1)
         ax_auc.axhline(0.5, color="grey", lw=1, ls=":", label="random (0.5)")
         ax_auc.set_title(f"{name}: test AUC of the (smoothed) release, n = {n}")
         ax_auc.set_xlabel("t (records streamed)")
         ax_auc.set_ylabel("AUC on held-out records")
         ax_auc.set_ylim(0.0, 1.0)
-        ax_pen.set_title(f"{name}: average online penalty (1/t)·Σ L̂_s(w̃_(s−1)) — operator-only")
-        ax_pen.set_xlabel("t (records streamed)")
-        ax_pen.set_ylabel("average penalty")
-        for ax in (ax_auc, ax_pen):
-            ax.grid(alpha=0.3)
+        ax_auc.grid(alpha=0.3)
+        if ax_pen is not None:
+            ax_pen.set_title(f"{name}: average online penalty — RAW, operator-only")
+            ax_pen.set_xlabel("t (records streamed)")
+            ax_pen.set_ylabel("average penalty")
+            ax_pen.grid(alpha=0.3)
     fig.suptitle(
         "stream-dp demo — solid: OnPairStrC, dashed: OnPairC, dash-dot: OnPairMF, black: GIGA "
         "(not private); "
@@ -557,7 +581,7 @@ def _results_markdown(
         "",
         "## Results",
         "",
-        format_table(results, markdown=True),
+        format_table(results, markdown=True, operator=settings.operator_metrics),
         "",
         "- **test AUC**: AUC on the held-out test split (never streamed) of the model the learner "
         "serves: the *smoothed private release* (mean of the last "
@@ -568,12 +592,24 @@ def _results_markdown(
         "- **ε spent**: `accountant.spent()` at the end (the horizon schedule spends the whole "
         "budget over the releases after T1); T1 steps release data-independent random models "
         "at no cost.",
-        "- **avg regret (operator-only)**: `(Σ_t L̂_t(w̃_(t−1)) − min_w Σ_t L̂_t(w)) / T`, the "
-        "served model's online penalty against the best fixed model in hindsight "
-        f"(`average_regret`-style, comparator on a fixed sample of ≤ {REGRET_MAX_PAIRS:,} pairs, "
-        f"{REGRET_ITERATIONS} projected-gradient iterations; * = sampled). It is computed from "
-        "raw records: for the trusted operator's logs, **never released**. Slightly negative "
-        "values mean the online iterate beat the approximately solved comparator.",
+        *(
+            [
+                "- **avg regret (RAW, operator-only)**: `(Σ_t L̂_t(w̃_(t−1)) − min_w Σ_t L̂_t(w)) "
+                "/ T`, the served model's online penalty against the best fixed model in "
+                f"hindsight (comparator on a fixed sample of ≤ {REGRET_MAX_PAIRS:,} pairs, "
+                f"{REGRET_ITERATIONS} projected-gradient iterations; * = sampled). It is "
+                "computed from raw records and is **not private**: this file must stay with the "
+                "trusted operator (`--operator-metrics` was given). Slightly negative values "
+                "mean the online iterate beat the approximately solved comparator.",
+            ]
+            if settings.operator_metrics
+            else [
+                "- The learners' regret is computed from raw records, so it is not private and "
+                "is not shown; `--operator-metrics` shows it, marked raw, to the trusted "
+                "operator. A private running penalty is available to deployed learners "
+                "(`metrics_share`, `docs/privacy.md`, *Operator metrics*).",
+            ]
+        ),
         "- **wall s**: streaming + evaluation + comparator time for that learner, in its "
         f"worker process ({settings.jobs} process(es) share the machine).",
         "",
@@ -715,6 +751,7 @@ def run_demo(settings: DemoSettings) -> list[ModelResult]:
             f"release_every = {release_every_for(n)}, smoothing window = {SMOOTHING_WINDOW}"
         )
         for res in _plan_models(n, name, settings.epsilons, data.feature_names):
+            res.operator = settings.operator_metrics
             results.append(res)
             if res.epsilon_target is None:
                 say(f"  {res.label}: α = {res.alpha:g} ({res.alpha_reason}); no noise, no warm-up")
@@ -785,9 +822,14 @@ def run_demo(settings: DemoSettings) -> list[ModelResult]:
 
     plot_note = "not requested (--no-plot)."
     if settings.plot:
-        reason = _plot(results, list(prepared), out / "demo.png")
+        reason = _plot(results, list(prepared), out / "demo.png", settings.operator_metrics)
         plot_note = (
-            "test AUC of the release (left) and average online penalty (right) against t."
+            "test AUC of the release against t"
+            + (
+                " (left) and the RAW average online penalty (right; operator-only)."
+                if settings.operator_metrics
+                else "."
+            )  # fmt: skip
             if reason is None
             else f"skipped: {reason}."
         )
@@ -797,8 +839,10 @@ def run_demo(settings: DemoSettings) -> list[ModelResult]:
     md = _results_markdown(settings, results, prepared, plot_note, total_seconds)
     (out / "results.md").write_text(md, encoding="utf-8")
     print()
-    print(format_table(results))
-    print("* comparator solved on a sample of pairs; regret is operator-only (never released)")
+    print(format_table(results, operator=settings.operator_metrics))
+    if settings.operator_metrics:
+        print("* comparator solved on a sample of pairs; the regret is RAW, operator-only: it is "
+              "computed from the records and must not leave the operator")  # fmt: skip
     for name in prepared:
         bad = [r.label for r in results if r.dataset == name and r.epsilon_target is not None
                and r.verdict != "better than random"]  # fmt: skip
@@ -860,6 +904,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="worker processes; learners are independent (default: min(2, CPUs))",
     )
     parser.add_argument("--no-plot", action="store_true", help="do not write demo.png")
+    parser.add_argument(
+        "--operator-metrics",
+        action="store_true",
+        help="also compute and show each learner's RAW average regret (not private: for the "
+        "trusted operator only; marked raw in the table, results.md and demo.png)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or plan")
     parser.set_defaults(func=main)
 
@@ -877,6 +927,7 @@ def main(args: argparse.Namespace) -> int:
         max_records=args.max_records,
         seed=args.seed,
         plot=not args.no_plot,
+        operator_metrics=args.operator_metrics,
         quiet=args.quiet,
         jobs=args.jobs,
     )

@@ -271,3 +271,62 @@ def test_ci_run_propagates_the_pytest_exit_code(tmp_path, rc):
         assert "collected no tests" in proc.stderr
     if rc == 0:
         assert (repo / "deploy" / "kafka" / "fetched").read_text().strip() == "fetch"
+
+
+def _raw_values(seed: int, epsilons: tuple[float, ...]) -> dict[str, list[float]]:
+    """Every learner's raw operator statistics, reconstructed from the run's seed and data:
+    the average penalty after each step and the final average regret."""
+    from stream_dp import demo
+
+    data, _ = demo._prepared("pima", None)
+    n = len(data.y_stream)
+    out: dict[str, list[float]] = {}
+    for res in demo._plan_models(n, "pima", epsilons, data.feature_names):
+        model = demo._make_learner(res, seed, keep_history=True)
+        averages = []
+        for i, (xi, yi) in enumerate(zip(data.X_stream, data.y_stream, strict=True)):
+            model.learn_one(xi, bool(yi))
+            if i >= 1:
+                averages.append(model.regret.average_penalty)
+        _, best, _ = model.best_fixed_comparator(
+            max_pairs=demo.REGRET_MAX_PAIRS, iterations=demo.REGRET_ITERATIONS, seed=0
+        )
+        regret = (model.regret.cumulative - best) / max(model.regret.steps, 1)
+        out[res.label] = [regret, *averages]
+    return out
+
+
+def _numbers(text: str) -> set[str]:
+    """Every number written in ``text``, as written."""
+    import re
+
+    return set(re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", text))
+
+
+def _appears(value: float, numbers: set[str], specs=(".6g", ".8g", ".12g", "")) -> bool:
+    """Whether ``value`` is written among ``numbers`` in one of the formats ``specs``."""
+    return any(format(value, spec) in numbers for spec in specs)
+
+
+def test_the_raw_regret_appears_in_no_default_output(tmp_path, capsys):
+    """The demo's default outputs carry no raw operator statistic: every learner's average
+    penalty after every step and its final average regret, reconstructed from the run's seed,
+    appear in none of stdout, results.md and releases.jsonl. With --operator-metrics the final
+    regrets do appear (the check can fail)."""
+    argv = ["--dataset", "pima", "--epsilons", "4", "--seed", "3", "--no-plot", "--quiet"]
+    stdout = _run([*argv, "--out", str(tmp_path / "default")], capsys)
+    written = _numbers(stdout)
+    for f in ("results.md", "releases.jsonl"):
+        written |= _numbers((tmp_path / "default" / f).read_text())
+    raw = _raw_values(3, (4.0,))
+    for label, values in raw.items():
+        finite = [v for v in values if math.isfinite(v)]
+        assert len(finite) > 500
+        leaked = [v for v in finite if _appears(v, written)]
+        assert not leaked, f"{label}: raw values in a default output: {leaked[:3]}"
+    shown = _run([*argv, "--operator-metrics", "--out", str(tmp_path / "operator")], capsys)
+    # The operator table prints the regret with 4 decimals (too short to search the default
+    # outputs for without chance matches: α = 0.7534 is public), so the control looks for that.
+    shown_numbers = _numbers(shown)
+    assert all(_appears(v[0], shown_numbers, (".4f",)) for v in raw.values()), "the control"
+    assert not any(_appears(v[0], written, (".4f",)) for v in raw.values())
