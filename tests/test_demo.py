@@ -66,7 +66,7 @@ def _check_releases(path: Path, epsilons: tuple[float, ...], datasets: tuple[str
 def _check_table(text: str, datasets: tuple[str, ...], epsilons: tuple[float, ...]) -> None:
     for col in ("dataset", "algorithm", "ε target", "steps", "ε spent", "T1", "test AUC"):
         assert col in text
-    assert "avg regret (operator-only)" in text and "wall s" in text
+    assert "regret (RAW" not in text and "wall s" in text  # only with --operator-metrics
     rows = [ln for ln in text.splitlines() if ln.split() and ln.split()[0] in datasets]
     assert len(rows) == len(datasets) * (1 + 3 * len(epsilons))
     for name in datasets:
@@ -85,7 +85,7 @@ def test_demo_bank_reduced_without_plot(tmp_path, capsys):
     assert not (out / "demo.png").exists()
     md = (out / "results.md").read_text(encoding="utf-8")
     _check_table(md.replace("|", " "), ("bank",), (2.0, 16.0))
-    assert "calibration block only" in md and "never released" in md
+    assert "calibration block only" in md and "--operator-metrics" in md
     assert "| bank | OnPairStrC | 16 | 3000 |" in md
     _check_releases(out / "releases.jsonl", (2.0, 16.0), ("bank",))
     # 3,000 bank records at ε = 16 already give a private ranking better than random.
