@@ -94,6 +94,7 @@ class AffineScaler(base.Transformer):
     _schema: tuple | None = None
 
     def _init_map(self, scaled: tuple, lower: np.ndarray, upper: np.ndarray, schema) -> None:
+        self.__dict__.pop("_others_frozen", None)
         self._scaled = scaled
         self._lower, self._upper = lower, upper
         self._schema = schema
@@ -108,6 +109,17 @@ class AffineScaler(base.Transformer):
         else:
             self._cols = None
             self._others = None
+
+    def adopt_features(self, features: Sequence[Hashable] | int) -> None:
+        """Take a declared schema (a learner's) when none was given; a different one is an
+        error (the scaler and the learner must agree on the order of array columns)."""
+        names = schema_names(features)
+        if self._schema is None:
+            self._init_map(self._scaled, self._lower, self._upper, names)
+        elif tuple(self._schema) != tuple(names):
+            raise ValueError(
+                f"the scaler's features {list(self._schema)} are not the learner's {list(names)}"
+            )
 
     # -- the statistics in use ------------------------------------------------------------------
     @property
@@ -148,7 +160,7 @@ class AffineScaler(base.Transformer):
                 out[name] = 0.0
                 continue
             v = min(max(_number(name, v), lo[j]), hi[j])
-            out[name] = (v - c[j]) / s[j] / norm
+            out[name] = float((v - c[j]) / s[j] / norm)
         return out
 
     @property
@@ -166,7 +178,9 @@ class AffineScaler(base.Transformer):
         try:
             arr = np.asarray(x)
         except (ValueError, TypeError, OverflowError):
-            raise InvalidRecord("wrong_type", "an array record must be a 1-D numeric vector") from None
+            raise InvalidRecord(
+                "wrong_type", "an array record must be a 1-D numeric vector"
+            ) from None
         if arr.ndim != 1 or arr.dtype.kind not in "biuf":
             raise InvalidRecord("wrong_type", "an array record must be a 1-D numeric vector")
         if len(arr) != len(self._schema):

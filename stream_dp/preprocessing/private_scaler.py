@@ -166,18 +166,15 @@ class PrivateScaler(AffineScaler):
         _check_params(self)
         names, lower, upper = check_bounds(bounds)
         schema = schema_names(features)
-        self._init_map(names, lower, upper, schema)
         self._c0 = (lower + upper) / 2
         self._h = (upper - lower) / 2
         self._k = len(names)
-        self._p = len(self._others) if schema is not None and target_norm is not None else 0
-        self._dims = 2 * self._k + (1 if self._p else 0)
+        self._init_map(names, lower, upper, schema)
         self._noise = KeyedNoise(seed, model_id)
         self._budget: PrivacyBudget | BudgetSlice | None = None
         self._steps: tuple[int, ...] = ()
         self._sigmas: tuple[float, ...] = ()
         self._n = 0
-        self._sums = np.zeros(self._dims)
         self._released: list[tuple[int, np.ndarray]] = []
         self._stopped = False
         #: Learned records with a value outside its declared bounds (clipped). Operator-only.
@@ -192,6 +189,14 @@ class PrivateScaler(AffineScaler):
             budget = zcdp_budget(epsilon, delta, conversion)
             budget.accountant.private = self.private
             self.bind_budget(budget, own=True)
+
+    def _init_map(self, scaled: tuple, lower: np.ndarray, upper: np.ndarray, schema) -> None:
+        super()._init_map(scaled, lower, upper, schema)
+        self._p = len(self._others) if schema is not None and self.target_norm is not None else 0
+        self._dims = 2 * self._k + (1 if self._p else 0)
+        self._sums = np.zeros(self._dims)
+        for cache in ("_index_cache", "_other_cols_cache", "_others_frozen"):
+            self.__dict__.pop(cache, None)
 
     # -- the budget and the release schedule ----------------------------------------------------
     def bind_budget(self, budget: PrivacyBudget, own: bool = False) -> None:
@@ -493,4 +498,3 @@ def _check_params(s: PrivateScaler) -> None:
     eps = s.epsilon
     if eps is not None and (isinstance(eps, bool) or not (0 < eps < math.inf)):
         raise ValueError(f"epsilon must be None or a positive finite number, got {eps!r}")
-
