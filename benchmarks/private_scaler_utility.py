@@ -123,14 +123,22 @@ def main(argv: list[str] | None = None) -> int:
     n = len(data.y_stream)
     ds = data.dataset
     raw = ds.X[data.split.stream]
-    print(f"bank: {n} streamed records, {len(data.y_test)} test, d = {ds.X.shape[1]}; ε = "
-          f"{args.epsilon:g} in total, δ = {DELTA:g}; scaler share {args.scaler_share:g}")  # fmt: skip
-    print("raw numeric columns (streamed): " + ", ".join(
-        f"{name} [{raw[:, j].min():.3g}, {raw[:, j].max():.3g}]"
-        for j, name in enumerate(ds.feature_names) if ds.numeric[j]
-    ))  # fmt: skip
-    print(f"{'seed':>4}  {'public AUC':>10}  {'private AUC':>11}  {'ε spent':>8}  "
-          f"{'scaler ρ':>9}  {'learner ρ':>9}  {'clipped pub/priv':>16}  seconds")  # fmt: skip
+    print(
+        f"bank: {n} streamed records, {len(data.y_test)} test, d = {ds.X.shape[1]}; ε = "
+        f"{args.epsilon:g} in total, δ = {DELTA:g}; scaler share {args.scaler_share:g}"
+    )
+    print(
+        "raw numeric columns (streamed): "
+        + ", ".join(
+            f"{name} [{raw[:, j].min():.3g}, {raw[:, j].max():.3g}]"
+            for j, name in enumerate(ds.feature_names)
+            if ds.numeric[j]
+        )
+    )
+    print(
+        f"{'seed':>4}  {'public AUC':>10}  {'private AUC':>11}  {'ε spent':>8}  "
+        f"{'scaler ρ':>9}  {'learner ρ':>9}  {'clipped pub/priv':>16}  seconds"
+    )
     pub, priv = [], []
     for seed in seeds:
         t0 = time.perf_counter()
@@ -145,14 +153,19 @@ def main(argv: list[str] | None = None) -> int:
         }
         pub.append(a_pub)
         priv.append(a_priv)
-        print(f"{seed:>4}  {a_pub:>10.4f}  {a_priv:>11.4f}  {m_priv.accountant.spent()[0]:>8.4f}  "
-              f"{rho['gaussian-scaler']:>9.4g}  {rho['gaussian']:>9.4g}  "
-              f"{m_pub.n_clipped:>7}/{m_priv.learner.n_clipped:<8}  "
-              f"{time.perf_counter() - t0:.1f}")  # fmt: skip
+        print(
+            f"{seed:>4}  {a_pub:>10.4f}  {a_priv:>11.4f}  {m_priv.accountant.spent()[0]:>8.4f}  "
+            f"{rho['gaussian-scaler']:>9.4g}  {rho['gaussian']:>9.4g}  "
+            f"{m_pub.n_clipped:>7}/{m_priv.learner.n_clipped:<8}  "
+            f"{time.perf_counter() - t0:.1f}"
+        )
     print("private scaler (last run): " + m_priv.scaler.describe())
-    print("its released statistics:", {k: round(v, 3) for k, v in m_priv.scaler.center.items()},
-          {k: round(v, 3) for k, v in m_priv.scaler.spread.items()},
-          f"norm_scale {m_priv.scaler.norm_scale:.3f}")  # fmt: skip
+    print(
+        "its released statistics:",
+        {k: round(v, 3) for k, v in m_priv.scaler.center.items()},
+        {k: round(v, 3) for k, v in m_priv.scaler.spread.items()},
+        f"norm_scale {m_priv.scaler.norm_scale:.3f}",
+    )
     mp, mq = float(np.mean(pub)), float(np.mean(priv))
     se = (
         float(np.std(np.subtract(priv, pub), ddof=1) / math.sqrt(len(seeds)))
@@ -160,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         else math.nan
     )
     ok = mq >= mp - TOLERANCE
-    print(f"mean over seeds {seeds}: public {mp:.4f}, private {mq:.4f}, difference "
-          f"{mq - mp:+.4f} (s.e. of the paired difference {se:.4f}); criterion: private >= "
-          f"public − {TOLERANCE}: {'HOLDS' if ok else 'FAILS'}")  # fmt: skip
+    print(
+        f"mean over seeds {seeds}: public {mp:.4f}, private {mq:.4f}, difference "
+        f"{mq - mp:+.4f} (s.e. of the paired difference {se:.4f}); criterion: private >= "
+        f"public − {TOLERANCE}: {'HOLDS' if ok else 'FAILS'}"
+    )
     return 0 if ok else 1
 
 

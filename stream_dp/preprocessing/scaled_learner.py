@@ -27,7 +27,6 @@ from river import base
 
 from stream_dp.preprocessing.affine import AffineScaler
 from stream_dp.preprocessing.private_scaler import PrivateScaler
-from stream_dp.privacy.budget import BudgetSlice
 
 __all__ = ["ScaledLearner"]
 
