@@ -29,6 +29,15 @@ class NonPrivatePreprocessingWarning(UserWarning):
     """A private learner follows a step that learns from the stream outside its budget."""
 
 
+# river's base classes, whose learn_one/learn_many do nothing.
+_RIVER_BASES = (
+    base.Transformer,
+    base.SupervisedTransformer,
+    base.MiniBatchTransformer,
+    base.MiniBatchSupervisedTransformer,
+)
+
+
 def stateful(step) -> bool:
     """Whether a river transformer learns from the records it sees."""
     cls = type(step)
@@ -40,7 +49,7 @@ def stateful(step) -> bool:
         own = getattr(cls, name, None)
         if own is None:
             continue
-        noop = [getattr(b, name, None) for b in (base.Transformer, base.SupervisedTransformer)]
+        noop = [getattr(b, name, None) for b in _RIVER_BASES]
         if own not in noop:
             return True
     return False

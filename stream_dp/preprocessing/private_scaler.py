@@ -179,7 +179,6 @@ class PrivateScaler(AffineScaler):
         self._stopped = False
         #: Learned records with a value outside its declared bounds (clipped). Operator-only.
         self.n_out_of_bounds = 0
-        self._set_prior()
         if epsilon is not None:
             if schema is None:
                 raise ValueError(
@@ -197,6 +196,7 @@ class PrivateScaler(AffineScaler):
         self._sums = np.zeros(self._dims)
         for cache in ("_index_cache", "_other_cols_cache", "_others_frozen"):
             self.__dict__.pop(cache, None)
+        self._set_prior()  # the norm term depends on how many features pass through
 
     # -- the budget and the release schedule ----------------------------------------------------
     def bind_budget(self, budget: PrivacyBudget, own: bool = False) -> None:
@@ -251,6 +251,11 @@ class PrivateScaler(AffineScaler):
     def release_step(self) -> int:
         """The step of the latest release (0: the prior statistics are in use)."""
         return self._released[-1][0] if self._released else 0
+
+    @property
+    def release_vector(self) -> np.ndarray | None:
+        """The latest release ``Y`` itself (noisy sums; ``None`` before the first): public."""
+        return self._released[-1][1].copy() if self._released else None
 
     @property
     def n_releases(self) -> int:
