@@ -381,3 +381,50 @@ def test_bank_raw_columns_through_the_private_scaler_charge_one_ledger() -> None
     assert 3.9 < eps <= 4.0 + 1e-9
     assert auc > 0.6  # it learns from raw columns (random ranking: 0.5)
     assert model.learner.n_clipped < 0.2 * model.learner.step
+
+
+def test_a_learner_in_an_unsafe_river_pipeline_warns_once_on_its_first_record() -> None:
+    data = _labelled(13, 120)
+    with pytest.warns(NonPrivatePreprocessingWarning, match="StandardScaler learns") as rec:
+        evaluate.progressive_val_score(
+            iter(data), compose.Select(*FEATURES) | river_pre.StandardScaler() | _learner(),
+            metrics.ROCAUC(),
+        )  # fmt: skip
+    assert sum(issubclass(w.category, NonPrivatePreprocessingWarning) for w in rec) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonPrivatePreprocessingWarning)
+        evaluate.progressive_val_score(iter(data), compose.Select(*FEATURES) | _composite(),
+                                       metrics.ROCAUC())  # fmt: skip
+        learner = _learner()
+        for x, y in data:  # no pipeline: nothing to check
+            learner.learn_one(x, y)
+
+
+# --- the clip-rate warning -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_clip_rate_warns_once_when_most_records_are_clipped(batch: bool) -> None:
+    rng = np.random.default_rng(14)
+    X_raw = rng.normal(40, 10, size=(300, 5))  # unscaled: every norm ≫ R = 1
+    y = (rng.random(300) < 0.5).tolist()
+    learner = _learner()
+    with pytest.warns(UserWarning, match="were clipped") as rec:
+        if batch:
+            learner.learn_many(X_raw[:150], y[:150])
+            learner.learn_many(X_raw[150:], y[150:])
+        else:
+            for x, label in zip(X_raw, y, strict=True):
+                learner.learn_one(x, label)
+    assert sum("were clipped" in str(w.message) for w in rec) == 1
+    assert learner.n_clipped == 300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        scaled = _learner()
+        for x, label in zip(X_raw / 200, y, strict=True):  # norms ≈ 0.45: none clipped
+            scaled.learn_one(x, label)
+        assert scaled.n_clipped == 0
+        half = _learner()  # 40 % clipped: below the threshold
+        for i, (x, label) in enumerate(zip(X_raw, y, strict=True)):
+            half.learn_one(x if i % 5 < 2 else x / 200, label)
+        assert 0.3 < half.n_clipped / 300 < 0.5

@@ -22,7 +22,16 @@ import warnings
 
 from river import base, compose
 
-__all__ = ["NonPrivatePreprocessingWarning", "check_pipeline", "stateful"]
+__all__ = [
+    "NonPrivatePreprocessingWarning",
+    "check_calling_pipeline",
+    "check_pipeline",
+    "stateful",
+]
+
+#: How many callers up a learner looks for a river pipeline (the pipeline itself, or a
+#: ScaledLearner or river wrapper inside it).
+_CALLER_DEPTH = 4
 
 
 class NonPrivatePreprocessingWarning(UserWarning):
@@ -121,3 +130,24 @@ def check_pipeline(pipeline, warn: bool = True) -> list[str]:
         for p in problems:
             warnings.warn(p, NonPrivatePreprocessingWarning, stacklevel=2)
     return problems
+
+
+def check_calling_pipeline(frame) -> list[str]:
+    """:func:`check_pipeline` on the river ``Pipeline`` among the callers from ``frame`` up (a
+    few frames), if any; what the learners run once, on their first record.
+
+    The learner cannot see the pipeline it sits in, but the pipeline is the ``self`` of its
+    caller's frame (``Pipeline.learn_one`` → ``learner.learn_one``): reading it costs one
+    frame walk per learner and changes nothing.
+    """
+    for _ in range(_CALLER_DEPTH):
+        if frame is None:
+            return []
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, compose.Pipeline):
+            problems = check_pipeline(owner, warn=False)
+            for p in problems:
+                warnings.warn(p, NonPrivatePreprocessingWarning, stacklevel=_CALLER_DEPTH + 1)
+            return problems
+        frame = frame.f_back
+    return []
