@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from river import compose, evaluate, metrics
+from river import checks, compose, evaluate, metrics
 from river import preprocessing as river_pre
 from scipy import stats
 
@@ -428,3 +428,22 @@ def test_clip_rate_warns_once_when_most_records_are_clipped(batch: bool) -> None
         for i, (x, label) in enumerate(zip(X_raw, y, strict=True)):
             half.learn_one(x if i % 5 < 2 else x / 200, label)
         assert 0.3 < half.n_clipped / 300 < 0.5
+
+
+# --- river's own checks --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: PublicScaler(**next(PublicScaler._unit_test_params())),
+        lambda: PrivateScaler(**next(PrivateScaler._unit_test_params())),
+        lambda: ScaledLearner(**next(ScaledLearner._variants["classifier"]._unit_test_params())),
+        lambda: ScaledLearner(**next(ScaledLearner._variants["transformer"]._unit_test_params())),
+    ],
+    ids=["PublicScaler", "PrivateScaler", "ScaledClassifier", "ScaledTransformer"],
+)
+def test_river_check_estimator(make) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        checks.check_estimator(make())

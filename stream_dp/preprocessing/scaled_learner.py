@@ -213,18 +213,16 @@ class ScaledLearner(base.Estimator):
     @classmethod
     def _unit_test_params(cls):
         from stream_dp.online import OnPairStrC
+        from stream_dp.online.params import river_check_params
 
-        features = ("gallup", "ipsos", "morning_consult", "ordinal_date", "rasmussen", "you_gov")
-        kind = "metric" if issubclass(cls, base.Transformer) else "auc"
+        task = "metric" if issubclass(cls, base.Transformer) else "auc"
+        params = river_check_params(task)
+        first = params["features"][0]
+        bounds = {first: (0.0, 1.0)} if task == "auc" else {first: (30.0, 60.0)}
         yield {
-            "scaler": PrivateScaler(
-                bounds={"gallup": (30.0, 60.0), "ordinal_date": (736_000, 737_000)},
-                release_at=(20, 40), budget_share=0.2, seed=42, reproducible=True,
-            ),
-            "learner": OnPairStrC(
-                task=kind, epsilon=4.0, horizon=2000, alpha=4.0, buffer=16, features=features,
-                seed=7, reproducible=True, budget_share=0.8,
-            ),
+            "scaler": PrivateScaler(bounds=bounds, release_at=(20, 40), budget_share=0.2,
+                                    seed=43, reproducible=True),
+            "learner": OnPairStrC(**params, budget_share=0.8),
         }  # fmt: skip
 
 
