@@ -178,6 +178,7 @@ class ModelResult:
     average_regret: float = math.nan
     regret_exact: bool = True
     average_penalty: float = math.nan
+    n_clipped: int = 0
     wall_seconds: float = 0.0
     weight_norm: float = math.nan
     last_sigma: float = math.nan
@@ -430,6 +431,7 @@ def _stream_one(
     res.auc_se = auc_standard_error(res.test_auc, int(y_test.sum()), int((~y_test).sum()))
     res.verdict = _verdict(res.test_auc, res.auc_se)
     res.average_penalty = model.regret.average_penalty
+    res.n_clipped = model.n_clipped
     _, best, exact = model.best_fixed_comparator(
         max_pairs=REGRET_MAX_PAIRS, iterations=REGRET_ITERATIONS, seed=0
     )
@@ -458,6 +460,7 @@ TABLE_HEADER = (
     "test AUC (±2se)",
     "verdict",
     "avg regret (operator-only)",
+    "clipped (operator-only)",
     "wall s",
 )
 
@@ -476,6 +479,7 @@ def _table_rows(results: list[ModelResult]) -> list[tuple[str, ...]]:
                 f"{_fmt(r.test_auc)} ± {_fmt(2 * r.auc_se, '.3f')}",
                 r.verdict,
                 _fmt(r.average_regret, ".4f") + ("" if r.regret_exact else "*"),
+                f"{r.n_clipped}/{r.steps}",
                 f"{r.wall_seconds:.1f}",
             )
         )
@@ -579,6 +583,9 @@ def _results_markdown(
         f"{REGRET_ITERATIONS} projected-gradient iterations; * = sampled). It is computed from "
         "raw records: for the trusted operator's logs, **never released**. Slightly negative "
         "values mean the online iterate beat the approximately solved comparator.",
+        "- **clipped (operator-only)**: records with `‖x‖ > R` that the learner clipped "
+        "(`n_clipped`); a raw count, **never released**. Many clipped records mean badly "
+        "scaled features (the learners warn above half).",
         "- **wall s**: streaming + evaluation + comparator time for that learner, in its "
         f"worker process ({settings.jobs} process(es) share the machine).",
         "",

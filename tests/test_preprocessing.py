@@ -447,3 +447,12 @@ def test_river_check_estimator(make) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         checks.check_estimator(make())
+
+
+def test_the_demo_table_shows_the_clip_counter_as_operator_only() -> None:
+    from stream_dp.demo import ModelResult, format_table
+
+    res = ModelResult("bank", "OnPairStrC", 4.0, 1.0, "default", 50, n=100, steps=100)
+    res.n_clipped = 7
+    table = format_table([res], markdown=True)
+    assert "clipped (operator-only)" in table and "| 7/100 |" in table
