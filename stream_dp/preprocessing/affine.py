@@ -22,25 +22,22 @@ from collections.abc import Hashable, Mapping, Sequence
 import numpy as np
 from river import base
 
-from stream_dp.records import InvalidRecord
+from stream_dp.records import FeatureSchema, InvalidRecord
 
 __all__ = ["AffineScaler", "check_bounds", "schema_names"]
 
 
 def schema_names(features: Sequence[Hashable] | int | None) -> tuple | None:
-    """A declared schema as a tuple of names (``x0 … x{d−1}`` for an int d), or None."""
+    """A declared schema as a tuple of names (``x0 … x{d−1}`` for an int d, as the learners
+    name array columns), or None."""
     if features is None:
         return None
-    if isinstance(features, int | np.integer) and not isinstance(features, bool):
-        if features < 1:
-            raise ValueError(f"features must be a positive int or names, got {features!r}")
-        return tuple(f"x{i}" for i in range(int(features)))
     if isinstance(features, str | bytes):
         raise ValueError("features must be a sequence of names, not one string")
-    names = tuple(features)
-    if not names or len(set(names)) != len(names):
-        raise ValueError("features must be non-empty and unique")
-    return names
+    try:
+        return FeatureSchema(features).names
+    except InvalidRecord:
+        raise ValueError(f"features must be a positive int or names, got {features!r}") from None
 
 
 def check_bounds(bounds: Mapping) -> tuple[tuple, np.ndarray, np.ndarray]:
