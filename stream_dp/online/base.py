@@ -242,8 +242,6 @@ class PairwiseLearner(base.Estimator):
             raise ValueError(f"X has {len(X)} rows but y has {m} labels")
         if m == 0:
             return
-        if self._state.t == 0 and not self._pipeline_checked:
-            self._check_pipeline()
         inp = self._input
         batch = inp.validate_batch(X, y)
         if batch is None:  # unusual input (no schema yet, object columns, ...): one at a time
@@ -252,6 +250,8 @@ class PairwiseLearner(base.Estimator):
             return
         rows, codes, clipped = batch
         k = len(codes)
+        if k and self._state.t == 0 and not self._pipeline_checked:
+            self._check_pipeline()
         i = 0
         while i < k:
             if not self._may_learn():
