@@ -456,3 +456,17 @@ def test_the_demo_table_shows_the_clip_counter_as_operator_only() -> None:
     res.n_clipped = 7
     table = format_table([res], markdown=True)
     assert "clipped (operator-only)" in table and "| 7/100 |" in table
+
+
+def test_readme_river_example_runs_in_the_safe_form(capsys) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Scaling inside river pipelines", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "ScaledLearner(" in code and "StandardScaler" not in code
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonPrivatePreprocessingWarning)
+        exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "['gaussian', 'gaussian-scaler']" in out
+    auc = float(out.split("RollingROCAUC: ", 1)[1].split("%", 1)[0])
+    assert auc > 60  # the safe form learns (random ranking: 50)
