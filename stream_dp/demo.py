@@ -158,6 +158,7 @@ class ModelResult:
     average_regret: float = math.nan
     regret_exact: bool = True
     average_penalty: float = math.nan
+    n_clipped: int = 0
     wall_seconds: float = 0.0
     weight_norm: float = math.nan
     last_sigma: float = math.nan
@@ -429,6 +430,7 @@ def _stream_one(
     res.verdict = _verdict(res.test_auc, res.auc_se)
     if res.operator:  # raw records in, a raw statistic out: for the operator's eyes only
         res.average_penalty = model.regret.average_penalty
+        res.n_clipped = model.n_clipped
         _, best, exact = model.best_fixed_comparator(
             max_pairs=REGRET_MAX_PAIRS, iterations=REGRET_ITERATIONS, seed=0
         )
@@ -457,6 +459,7 @@ TABLE_HEADER = (
     "test AUC (±2se)",
     "verdict",
     "avg regret (RAW, operator-only)",
+    "clipped (RAW, operator-only)",
     "wall s",
 )
 
@@ -480,7 +483,10 @@ def _table_rows(results: list[ModelResult], operator: bool) -> list[tuple[str, .
                 f"{_fmt(r.test_auc)} ± {_fmt(2 * r.auc_se, '.3f')}",
                 r.verdict,
                 *(
-                    [_fmt(r.average_regret, ".4f") + ("" if r.regret_exact else "*")]
+                    [
+                        _fmt(r.average_regret, ".4f") + ("" if r.regret_exact else "*"),
+                        f"{r.n_clipped}/{r.steps}",
+                    ]
                     if operator
                     else []
                 ),
@@ -601,13 +607,16 @@ def _results_markdown(
                 "computed from raw records and is **not private**: this file must stay with the "
                 "trusted operator (`--operator-metrics` was given). Slightly negative values "
                 "mean the online iterate beat the approximately solved comparator.",
+                "- **clipped (RAW, operator-only)**: records with `‖x‖ > R` that the learner "
+                "clipped (`n_clipped`); a raw count, not private. Many clipped records mean "
+                "badly scaled features (the learners warn above half).",
             ]
             if settings.operator_metrics
             else [
-                "- The learners' regret is computed from raw records, so it is not private and "
-                "is not shown; `--operator-metrics` shows it, marked raw, to the trusted "
-                "operator. A private running penalty is available to deployed learners "
-                "(`metrics_share`, `docs/privacy.md`, *Operator metrics*).",
+                "- The learners' regret and clip counts are computed from raw records, so they "
+                "are not private and are not shown; `--operator-metrics` shows them, marked "
+                "raw, to the trusted operator. A private running penalty is available to "
+                "deployed learners (`metrics_share`, `docs/privacy.md`, *Operator metrics*).",
             ]
         ),
         "- **wall s**: streaming + evaluation + comparator time for that learner, in its "
