@@ -36,8 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stream_dp.datasets import prepare
-from stream_dp.demo import (
+from stream_dp.apps.demo.plan import (
     BUFFER,
     DATA_RADIUS,
     DELTA,
@@ -46,8 +45,9 @@ from stream_dp.demo import (
     STRC_ALPHA,
     choose_alpha,
     release_every_for,
-    roc_auc,
 )
+from stream_dp.datasets import prepare
+from stream_dp.metrics import roc_auc
 from stream_dp.mf_reference import choose_model_radius
 from stream_dp.online import OnPairMF, OnPairStrC
 from stream_dp.online.onpairmf import window_rule

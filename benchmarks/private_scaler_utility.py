@@ -35,8 +35,7 @@ import warnings
 
 import numpy as np
 
-from stream_dp.datasets import prepare
-from stream_dp.demo import (
+from stream_dp.apps.demo.plan import (
     BUFFER,
     DATA_RADIUS,
     DELTA,
@@ -45,8 +44,9 @@ from stream_dp.demo import (
     STRC_ALPHA,
     choose_alpha,
     release_every_for,
-    roc_auc,
 )
+from stream_dp.datasets import prepare
+from stream_dp.metrics import roc_auc
 from stream_dp.online import OnPairStrC
 from stream_dp.preprocessing import PrivateScaler, ScaledLearner
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from stream_dp import cli
+from stream_dp.apps.demo import choose_alpha, release_every_for
 from stream_dp.datasets import prepare
-from stream_dp.demo import choose_alpha, release_every_for
 from stream_dp.metrics import auc_standard_error, roc_auc
 from stream_dp.online import OnPairC, OnPairStrC
 from stream_dp.records import clip_norm
@@ -276,20 +276,20 @@ def test_ci_run_propagates_the_pytest_exit_code(tmp_path, rc):
 def _raw_values(seed: int, epsilons: tuple[float, ...]) -> dict[str, list[float]]:
     """Every learner's raw operator statistics, reconstructed from the run's seed and data:
     the average penalty after each step and the final average regret."""
-    from stream_dp import demo
+    from stream_dp.apps.demo import learning, plan
 
-    data, _ = demo._prepared("pima", None)
+    data, _ = learning.prepared_data("pima", None)
     n = len(data.y_stream)
     out: dict[str, list[float]] = {}
-    for res in demo._plan_models(n, "pima", epsilons, data.feature_names):
-        model = demo._make_learner(res, seed, keep_history=True)
+    for res in plan.plan_models(n, "pima", epsilons, data.feature_names):
+        model = plan.make_learner(res, seed, keep_history=True)
         averages = []
         for i, (xi, yi) in enumerate(zip(data.X_stream, data.y_stream, strict=True)):
             model.learn_one(xi, bool(yi))
             if i >= 1:
                 averages.append(model.regret.average_penalty)
         _, best, _ = model.best_fixed_comparator(
-            max_pairs=demo.REGRET_MAX_PAIRS, iterations=demo.REGRET_ITERATIONS, seed=0
+            max_pairs=plan.REGRET_MAX_PAIRS, iterations=plan.REGRET_ITERATIONS, seed=0
         )
         regret = (model.regret.cumulative - best) / max(model.regret.steps, 1)
         out[res.label] = [regret, *averages]

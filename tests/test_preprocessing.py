@@ -450,7 +450,7 @@ def test_river_check_estimator(make) -> None:
 
 
 def test_the_demo_table_shows_the_clip_counter_only_to_the_operator() -> None:
-    from stream_dp.demo import ModelResult, format_table
+    from stream_dp.apps.demo import ModelResult, format_table
 
     res = ModelResult("bank", "OnPairStrC", 4.0, 1.0, "default", 50, n=100, steps=100)
     res.n_clipped = 7
