@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 from river import base
-from scipy import special
 
 from stream_dp.linalg import apply_sqrt_factors, psd_sqrt, sqrt_factors
 
@@ -23,9 +22,19 @@ class AUCInterface(base.Classifier):
     """Bipartite ranking as a binary river classifier.
 
     The score of ``x`` is ``w̃ᵀx`` (x clipped to R, as in training). ``predict_proba_one``
-    maps it through the logistic function: a monotone score for ranking (AUC), not a calibrated
-    probability — the pairwise loss is invariant to a shift of the scores, so there is no
-    intercept to calibrate with.
+    returns ``P(True) = (1 + w̃ᵀx / (‖w̃‖R)) / 2``: the score as a fraction of its largest
+    possible value (Cauchy–Schwarz: ``|w̃ᵀx| ≤ ‖w̃‖R``), moved to ``[0, 1]``. It is a monotone
+    score for ranking (AUC), not a calibrated probability — the pairwise loss is invariant to a
+    shift of the scores, so there is no intercept to calibrate with. The map reads only the
+    served release and the public radius R, never data.
+
+    Why not the logistic function: the score is bounded by ``‖w̃‖R ≤ DR`` (1 by default), so
+    the logistic keeps every probability in ``[0.27, 0.73]`` and usually in a much narrower band,
+    and river's default ``metrics.ROCAUC()`` — which counts ten thresholds evenly spaced in
+    ``[0, 1]`` — sees two or three operating points and reports an AUC near 0.5 for a model
+    whose exact AUC is 0.9. Spread over ``[0, 1]`` by the model's own bound, the same ten
+    thresholds come within a few hundredths of the exact AUC (``docs/algorithms.md``,
+    *Measuring AUC*). For the exact value, use :func:`stream_dp.metrics.roc_auc` on the scores.
     """
 
     @property
@@ -44,13 +53,15 @@ class AUCInterface(base.Classifier):
         return float(w.dot(v))  # the method: half the call overhead of @ on short vectors
 
     def predict_proba_one(self, x, **kwargs) -> dict[bool, float]:
-        s = self.score_one(x)
-        # The logistic function, never overflowing: e^{−|s|} ≤ 1.
-        if s >= 0.0:
-            p = 1.0 / (1.0 + math.exp(-s))
-        else:
-            e = math.exp(s)
-            p = e / (1.0 + e)
+        schema = self._schema
+        w = None if schema.names is None else self._served_weights()
+        if w is None:
+            return {False: 0.5, True: 0.5}
+        v = schema.to_clipped(x, self._radius, learning=False)
+        bound = math.sqrt(w.dot(w)) * self._radius
+        if bound <= 0.0:
+            return {False: 0.5, True: 0.5}
+        p = min(max(0.5 * (1.0 + float(w.dot(v)) / bound), 0.0), 1.0)  # see _spread
         return {False: 1.0 - p, True: p}
 
     def predict_one(self, x, **kwargs) -> bool:
@@ -67,7 +78,9 @@ class AUCInterface(base.Classifier):
     def predict_proba_many(self, X):
         """``P(False)``, ``P(True)`` per row: a DataFrame for a DataFrame (as river's mini-batch
         API), else an array of shape ``(n, 2)``."""
-        p = special.expit(self.score_many(X))
+        w = self._served_weights()
+        bound = 0.0 if w is None else math.sqrt(w.dot(w)) * self._radius
+        p = _spread(self.score_many(X), bound)
         if hasattr(X, "columns") and hasattr(X, "index"):
             import pandas as pd
 
@@ -77,6 +90,14 @@ class AUCInterface(base.Classifier):
     def predict_many(self, X) -> np.ndarray:
         """``score > 0`` per row."""
         return self.score_many(X) > 0.0
+
+
+def _spread(score: np.ndarray, bound: float) -> np.ndarray:
+    """``(1 + score/bound)/2`` in ``[0, 1]`` (½ for a zero model): ``|score| ≤ bound`` holds
+    by Cauchy–Schwarz, the clip only absorbs rounding."""
+    if bound <= 0.0:
+        return np.full(len(score), 0.5)
+    return np.clip(0.5 * (1.0 + score / bound), 0.0, 1.0)
 
 
 class MetricInterface(base.SupervisedTransformer):
