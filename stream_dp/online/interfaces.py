@@ -15,10 +15,41 @@ from river import base
 
 from stream_dp.linalg import apply_sqrt_factors, psd_sqrt, sqrt_factors
 
-__all__ = ["AUCInterface", "MetricInterface", "PrivateMetricDistance"]
+__all__ = [
+    "AUCInterface",
+    "MetricInterface",
+    "PrivateMetricDistance",
+    "RiverChecks",
+    "SEEDED_RIVER_CHECKS",
+]
+
+#: River's checks that rebuild the model with ``seed=42`` (``river.checks.utils.seed_params``).
+SEEDED_RIVER_CHECKS = frozenset(
+    {
+        "check_shuffle_features_no_impact",
+        "check_seeding_is_idempotent",
+        "check_predict_many_matches_predict_one",
+        "check_learn_many_matches_learn_one",
+        "check_predict_proba_many_matches_predict_proba_one",
+        "check_transform_many_matches_transform_one",
+    }
+)
 
 
-class AUCInterface(base.Classifier):
+class RiverChecks:
+    """What river's ``check_estimator`` may do to a learner.
+
+    The checks in :data:`SEEDED_RIVER_CHECKS` set ``seed=42``; a private learner refuses an
+    integer seed (it would make its noise guessable) unless ``reproducible=True`` declares the
+    run non-private. So a private construction — the README's, ``seed=None`` — skips those
+    checks, and a reproducible one runs them all (``tests/test_river_checks.py`` does both).
+    """
+
+    def _unit_test_skips(self) -> set[str]:
+        return set() if self.reproducible else set(SEEDED_RIVER_CHECKS)
+
+
+class AUCInterface(RiverChecks, base.Classifier):
     """Bipartite ranking as a binary river classifier.
 
     The score of ``x`` is ``w̃ᵀx`` (x clipped to R, as in training). ``predict_proba_one``
@@ -100,7 +131,7 @@ def _spread(score: np.ndarray, bound: float) -> np.ndarray:
     return np.clip(0.5 * (1.0 + score / bound), 0.0, 1.0)
 
 
-class MetricInterface(base.SupervisedTransformer):
+class MetricInterface(RiverChecks, base.SupervisedTransformer):
     """Mahalanobis metric learning as a river supervised transformer.
 
     ``transform_one(x)`` returns ``W̃^{1/2}x`` keyed by feature name, so Euclidean distances in
