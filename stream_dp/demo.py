@@ -36,6 +36,7 @@ from stream_dp.online import OnPairC, OnPairStrC, PairwiseGIGA
 from stream_dp.records import clip_norm
 
 __all__ = [
+    "DemoError",
     "DemoSettings",
     "ModelResult",
     "add_arguments",
@@ -57,6 +58,11 @@ N_CHECKPOINTS = 60  # points per curve
 REGRET_MAX_PAIRS = 20_000  # comparator on a fixed sample of pairs (keeps the solve well < 1 s)
 REGRET_ITERATIONS = 100
 SEED_SPREAD_BELOW = 2_000  # datasets with fewer streamed records get a noise-seed spread
+MIN_STREAM = 100  # fewer streamed records leave nothing to show after the warm-up
+
+
+class DemoError(ValueError):
+    """The demo was asked for something it cannot do (``stream-dp demo`` exits with 2)."""
 
 
 def release_every_for(n: int) -> int:
@@ -690,9 +696,24 @@ def run_demo(settings: DemoSettings) -> list[ModelResult]:
         One per (dataset, learner), in table order.
 
     """
+    if settings.max_records is not None and settings.max_records < MIN_STREAM:
+        raise DemoError(
+            f"--max-records {settings.max_records} is too few for the demo (at least {MIN_STREAM})"
+        )
+    out = Path(settings.out)
+    created = not out.exists()
+    try:
+        return _run_demo(settings, out)
+    except BaseException:
+        # A failed run leaves no empty folder behind (a partial one keeps what it wrote).
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
+def _run_demo(settings: DemoSettings, out: Path) -> list[ModelResult]:
     t_start = time.perf_counter()
     say = (lambda *a: None) if settings.quiet else (lambda *a: print(*a, flush=True))
-    out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     say(f"stream-dp demo → {out}")
 
@@ -701,8 +722,10 @@ def run_demo(settings: DemoSettings) -> list[ModelResult]:
     for name in settings.datasets:
         data, _ = _prepared(name, settings.max_records)
         n = len(data.y_stream)
-        if n < 100:
-            raise ValueError(f"{name}: {n} streamed records is too few for the demo (>= 100)")
+        if n < MIN_STREAM:
+            raise DemoError(
+                f"{name}: {n} streamed records is too few for the demo (>= {MIN_STREAM})"
+            )
         prepared[name] = data
         ds = data.dataset
         say(
@@ -859,6 +882,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-plot", action="store_true", help="do not write demo.png")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or plan")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (for bug reports)"
+    )
     parser.set_defaults(func=main)
 
 
@@ -878,5 +904,10 @@ def main(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         jobs=args.jobs,
     )
-    run_demo(settings)
-    return 0
+    from stream_dp.engine.cli import one_line_errors  # loaded by the CLI already (produce, watch)
+
+    def run() -> int:
+        run_demo(settings)
+        return 0
+
+    return one_line_errors("demo", args.debug, {DemoError: 2}, run)
