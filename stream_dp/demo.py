@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stream_dp._jit import use_numba
 from stream_dp.datasets import Prepared, prepare
 from stream_dp.online import OnPairC, OnPairStrC, PairwiseGIGA
 from stream_dp.records import clip_norm
@@ -299,19 +300,6 @@ def _make_learner(res: ModelResult, seed: int | None, keep_history: bool = True)
     )
 
 
-def _compile_in_parent(res: ModelResult, data: Prepared) -> None:
-    """Compile the learners' step kernel once, before the workers start.
-
-    On a fresh install numba's cache is empty and every worker would compile the same kernel
-    (about 25 s of CPU each); compiled here, forked workers inherit it and spawned ones load it
-    from numba's on-disk cache. Every demo learner uses the same kernel signature; ``res`` is
-    the non-private baseline, so nothing here touches a budget. Its output is discarded.
-    """
-    model = _make_learner(res, seed=None, keep_history=False)  # as the fast path runs it
-    for x, y in zip(data.X_stream[:3], data.y_stream[:3], strict=True):
-        model.learn_one(x, bool(y))
-
-
 @functools.lru_cache(maxsize=8)
 def _prepared(name: str, max_records: int | None) -> tuple[Prepared, np.ndarray]:
     """The split, scaled dataset and its test matrix clipped to R (as ``score_one`` does).
@@ -363,10 +351,15 @@ def _drain(queue, progress: _Progress) -> None:
 
 
 def _learn_task(res: ModelResult, seed: int | None, max_records: int | None) -> tuple:
-    """Stream one learner (in a worker or inline); returns the result and its release lines."""
+    """Stream one learner (in a worker or inline); returns the result and its release lines.
+
+    On the NumPy path: the demo's learners keep their history for the regret, which the
+    compiled fast path does not serve, so numba would only compile its kernel for the seed
+    spread — about 25 s of CPU per process on a fresh install, to save about one.
+    """
     data, X_test = _prepared(res.dataset, max_records)
     lines: list[str] = []
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), use_numba(False):
         warnings.simplefilter("ignore", RuntimeWarning)  # exhaustion is reported in the table
         model = _make_learner(res, seed)
         _stream_one(res, model, data, X_test, lambda m: lines.append(json.dumps(m)),
@@ -380,11 +373,12 @@ def _spread_task(
     """Test AUC of the same learner under other noise seeds (small data varies a lot)."""
     data, X_test = _prepared(res.dataset, max_records)
     out = []
-    for s in seeds:
-        model = _make_learner(res, s, keep_history=False)
-        for xi, yi in zip(data.X_stream, data.y_stream, strict=True):
-            model.learn_one(xi, bool(yi))
-        out.append(roc_auc(X_test @ model.smoothed_weights, data.y_test))
+    with use_numba(False):  # see _learn_task
+        for s in seeds:
+            model = _make_learner(res, s, keep_history=False)
+            for xi, yi in zip(data.X_stream, data.y_stream, strict=True):
+                model.learn_one(xi, bool(yi))
+            out.append(roc_auc(X_test @ model.smoothed_weights, data.y_test))
     return out
 
 
@@ -781,8 +775,6 @@ def _run_demo(settings: DemoSettings, out: Path) -> list[ModelResult]:
         spreads = [_spread_task(r, seeds, settings.max_records) for r in spread]
         progress.close()
     else:
-        baseline = next(r for r in results if r.epsilon_target is None)
-        _compile_in_parent(baseline, prepared[baseline.dataset])
         ctx = multiprocessing.get_context()  # the platform's default start method
         queue = ctx.Queue()
         with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
