@@ -8,6 +8,7 @@ defaults of OnPairStrC are run blind on ``datasets.Phishing`` over ten noise sec
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,3 +100,17 @@ def test_onpairmf_defaults_learn_on_phishing_at_epsilon_4_in_9_of_10_seeds() -> 
         ]
     )
     assert (aucs > 0.6).sum() >= 9, aucs
+
+
+def test_readme_river_example_runs(capsys) -> None:
+    """The README's "With river's own tools" block, run as written (a private run: its noise
+    is fresh, so the check is only that it learns and river reads a percentage)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    code = next(b for b in blocks if "metrics.ROCAUC()" in b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("ROCAUC: ") and out.endswith("%"), out
+    assert float(out.removeprefix("ROCAUC: ").removesuffix("%")) > 50.0, out
