@@ -67,7 +67,8 @@ class AUCInterface(RiverChecks, base.Classifier):
     ``[0, 1]`` — sees two or three operating points and reports an AUC near 0.5 for a model
     whose exact AUC is 0.9. Spread over ``[0, 1]`` by the model's own bound, the same ten
     thresholds come within a few hundredths of the exact AUC (``docs/algorithms.md``,
-    *Measuring AUC*). For the exact value, use :func:`stream_dp.metrics.roc_auc` on the scores.
+    *Measuring AUC with river*). For the exact value, use :func:`stream_dp.metrics.roc_auc`
+    on the scores.
     """
 
     @property
