@@ -118,7 +118,14 @@ def test_canary_attains_the_certified_sensitivity(task, cls):
     design = canary_design(task, dim=6, length=5)
     target = online_target(cls.__name__.lower(), design, EPS, DELTA, noise_multiplier=0.0)
     learner = cls(
-        task=task, epsilon=EPS, delta=DELTA, horizon=5, alpha=design.alpha, warmup=1, features=6
+        release_every=1,
+        task=task,
+        epsilon=EPS,
+        delta=DELTA,
+        horizon=5,
+        alpha=design.alpha,
+        warmup=1,
+        features=6,
     )
     diam = learner.constraint.diameter
     for secret in (1, 2, 3):
@@ -143,6 +150,7 @@ def test_trial_learner_is_the_production_learner():
     direct = OnPairStrC(
         task="auc", epsilon=EPS, delta=DELTA, horizon=4, alpha=design.alpha, warmup=1,
         seed=12345, reproducible=True, model_id="audit", track_regret=False, features=4,
+        release_every=1,
     )  # fmt: skip
     expected = []
     for x, y in design.stream(True):

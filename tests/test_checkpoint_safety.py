@@ -195,12 +195,22 @@ def test_other_byte_damage_in_the_header_is_refused(saved, mask):
     _, path = saved
     data = path.read_bytes()
     head_off, head_len = _layout(data)
+    header = json.loads(data[head_off : head_off + head_len])
     for i in range(head_off, head_off + head_len, 7):
         damaged = bytearray(data)
         damaged[i] ^= mask
+        if _same_json(damaged[head_off : head_off + head_len], header):
+            continue  # e.g. 0x20 turns 1e-05 into 1E-05: the same header, nothing damaged
         path.write_bytes(bytes(damaged))
         with pytest.raises(CheckpointError):
             load_checkpoint(path)
+
+
+def _same_json(raw: bytes, value) -> bool:
+    try:
+        return json.loads(raw) == value
+    except ValueError:
+        return False
 
 
 def test_an_edited_step_counter_is_refused(saved):

@@ -93,6 +93,32 @@ def test_demo_bank_reduced_without_plot(tmp_path, capsys):
     assert "| better than random |" in row
 
 
+def test_demo_errors_are_one_line_and_leave_no_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert cli.main(["demo", "--max-records", "50"]) == 2
+    captured = capsys.readouterr()
+    assert (
+        captured.err == "stream-dp demo: --max-records 50 is too few for the demo (at least 100)\n"
+    )
+    assert captured.out == "" and list(tmp_path.iterdir()) == []
+    # A failure after the folder was made removes it while it is still empty.
+    monkeypatch.setattr("stream_dp.apps.demo.run.prepared_data", _boom)
+    assert cli.main(["demo", "--out", str(tmp_path / "x"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "unexpected RuntimeError: boom" in err and "Traceback" not in err
+    )
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError, match="boom"):  # --debug: the traceback, for bug reports
+        cli.main(["demo", "--out", str(tmp_path / "x"), "--quiet", "--debug"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("boom")
+
+
 def test_demo_both_datasets_with_plot(tmp_path, capsys):
     out = tmp_path / "both"
     text = _run(["--out", str(out), "--max-records", "1500", "--quiet", "--jobs", "2"], capsys)

@@ -43,6 +43,9 @@ def config(tmp: Path, **model) -> EngineConfig:
             "model": {
                 "alpha": 1.0,
                 "buffer": 16,
+                "release_every": 1,  # a release at every step: the commit cycle's test bed
+                "predict_with": "release",
+                "smoothing_window": 1,
                 "seed": 11,
                 "reproducible": True,
                 "model_id": "t",

@@ -461,7 +461,9 @@ def test_a_noise_source_given_to_the_constructor_is_the_one_released_and_marked(
             return super().gaussian(step, shape, 2.0 * sigma, purpose)
 
     X, y = _stream(3, "auc")
-    make = _maker(dict(cls=OnPairStrC, task="auc", buffer="fifo:5", track_regret=False))
+    make = _maker(
+        dict(cls=OnPairStrC, task="auc", buffer="fifo:5", track_regret=False, release_every=1)
+    )
     plain = make()
     doubled = OnPairStrC(**{**plain._get_params(), "noise_source": Doubled})
     batch = OnPairStrC(**{**plain._get_params(), "noise_source": Doubled})
@@ -488,7 +490,7 @@ def test_state_stays_constant_once_the_buffer_is_full(task: str) -> None:
     """FIFO buffer, regret without history: nothing but the ledger grows with the stream."""
     m = OnPairStrC(
         task=task, alpha=1.0, warmup=5, buffer="fifo:16", seed=1, reproducible=True,
-        keep_history=False, features=D,
+        keep_history=False, features=D, release_every=1,
     )  # fmt: skip
     X, y = _stream(30, task, n=3000)
     m.learn_many(X[:100], y[:100])

@@ -166,6 +166,7 @@ def _run(numba: bool, X: np.ndarray, y: np.ndarray, batched: bool):
         m = OnPairStrC(
             task="metric", epsilon=1.0, delta=1e-5, horizon=None, alpha=1.0, warmup=10,
             buffer="fifo:64", release_every=1, seed=2026, reproducible=True, features=names,
+            predict_with="release",
         )  # fmt: skip
         releases, transforms = [], []
         if batched:

@@ -50,6 +50,7 @@ def _paper_rho(epsilon: float, delta: float) -> float:
 def test_horizon_paper_sigma_matches_the_spec_formula(alg, task: str) -> None:
     n, alpha = 60, 2.0
     model = alg(
+        release_every=1,
         task=task, epsilon=EPS, delta=DELTA, horizon=n, alpha=alpha, sensitivity="paper",
         conversion="paper", seed=1, reproducible=True, track_regret=False, features=3,
     )  # fmt: skip
@@ -184,6 +185,7 @@ def test_budget_is_spent_by_the_horizon_and_never_overrun(
 
 def test_anytime_schedule_never_overruns_a_long_stream() -> None:
     model = OnPairStrC(
+        release_every=1,
         task="auc",
         epsilon=0.5,
         delta=DELTA,
@@ -235,7 +237,7 @@ def test_a_refused_release_exhausts_the_learner(quiet_exhaustion) -> None:
     # learner must not publish, must not charge, and keeps serving its last release.
     model = OnPairStrC(task="auc", epsilon=EPS, delta=DELTA, horizon=30, alpha=1.0, warmup=4,
                        buffer=4, seed=15, reproducible=True, track_regret=False,
-                       features=3)  # fmt: skip
+                       features=3, release_every=1)  # fmt: skip
     rho = 0.999 * model.budget.limit
     model.budget.charge(GaussianEvent(0, 1.0, gaussian_sigma_zcdp(1.0, rho)))
     X, y = _stream(9, 10, 3, "auc")
@@ -309,6 +311,7 @@ def test_release_is_projected_iterate_plus_keyed_noise_at_the_ledger_sigma(
 ) -> None:
     with _jit.use_numba(numba):
         model = OnPairStrC(
+            release_every=1,
             task=task, epsilon=EPS, delta=DELTA, horizon=30, alpha=1.0, warmup=5,
             buffer="fifo:5", seed=11, reproducible=True, model_id="m-7", track_regret=False,
             features=3,
@@ -336,6 +339,7 @@ def test_noise_of_a_step_does_not_depend_on_the_data() -> None:
     # number of draws never depends on the data). Projection kept inactive as above.
     def noises(seed_data: int) -> list[np.ndarray]:
         model = OnPairStrC(
+            release_every=1,
             task="auc", epsilon=1000.0, delta=DELTA, horizon=12, warmup=2, alpha=1.0,
             model_radius=100.0, seed=9, reproducible=True, track_regret=False, features=3,
         )  # fmt: skip
@@ -359,7 +363,8 @@ def test_noise_of_a_step_does_not_depend_on_the_data() -> None:
 @pytest.mark.parametrize("buffer", ["all", "reservoir:5"])
 def test_same_seed_same_stream_gives_bit_identical_releases(alg, buffer: str) -> None:
     kw = dict(task="metric", epsilon=EPS, delta=DELTA, horizon=40, alpha=1.0, buffer=buffer,
-              warmup=6, seed=12, reproducible=True, track_regret=False, features=3)  # fmt: skip
+              warmup=6, seed=12, reproducible=True, track_regret=False, features=3,
+              release_every=1)  # fmt: skip
     a, b, other = alg(**kw), alg(**kw), alg(**{**kw, "seed": 13})
     X, y = _stream(7, 40, 3, "metric")
     differs = 0

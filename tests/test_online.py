@@ -105,7 +105,8 @@ def test_each_step_is_projected_gradient_descent_with_huai_eta(alg, task: str) -
 
 
 def test_warmup_releases_are_free_random_and_data_independent() -> None:
-    kw = dict(task="auc", alpha=1.0, warmup=12, horizon=40, seed=5, reproducible=True, features=3)
+    kw = dict(task="auc", alpha=1.0, warmup=12, horizon=40, seed=5, reproducible=True, features=3,
+              release_every=1)  # fmt: skip
     a, b = OnPairStrC(**kw), OnPairStrC(**kw)
     Xa, ya = _stream(2, 12)
     Xb, yb = _stream(3, 12)
@@ -123,7 +124,8 @@ def test_warmup_releases_are_free_random_and_data_independent() -> None:
 
 
 def test_auc_predictions_use_the_release_not_the_iterate() -> None:
-    model = OnPairStrC(task="auc", alpha=1.0, warmup=5, horizon=50, buffer="fifo:6", features=3)
+    model = OnPairStrC(task="auc", alpha=1.0, warmup=5, horizon=50, buffer="fifo:6", features=3,
+                       release_every=1, predict_with="release")  # fmt: skip
     X, y = _stream(4, 30)
     _feed(model, X, y)
     w_rel = model.private_weights
@@ -131,12 +133,14 @@ def test_auc_predictions_use_the_release_not_the_iterate() -> None:
     for x in _stream(5, 10)[0] * 3:  # some test points exceed R and are clipped as in training
         score = float(w_rel @ clip_norm(x, 1.0))
         assert model.score_one(x) == pytest.approx(score, rel=1e-12)
-        assert model.predict_proba_one(x)[True] == pytest.approx(1 / (1 + math.exp(-score)))
+        bound = float(np.linalg.norm(w_rel)) * 1.0  # ‖w̃‖R: the score's largest value
+        assert model.predict_proba_one(x)[True] == pytest.approx((1 + score / bound) / 2)
         assert model.predict_one(x) == (score > 0)
 
 
 def test_metric_predictions_use_the_release_not_the_iterate() -> None:
-    model = OnPairStrC(task="metric", alpha=1.0, warmup=5, horizon=50, buffer=6, features=3)
+    model = OnPairStrC(task="metric", alpha=1.0, warmup=5, horizon=50, buffer=6, features=3,
+                       release_every=1, predict_with="release")  # fmt: skip
     X, y = _stream(6, 30, task="metric")
     _feed(model, X, y)
     W = model.private_weights
@@ -157,6 +161,7 @@ def test_smoothed_predictions_use_the_smoothed_release() -> None:
         warmup=5,
         horizon=50,
         buffer=6,
+        release_every=1,
         smoothing_window=4,
         predict_with="smoothed",
         features=3,
@@ -195,9 +200,9 @@ def test_release_every_k_releases_less_often_with_less_noise(k: int) -> None:
     n, T1 = 61, 8
     kw = dict(
         task="auc", alpha=1.0, warmup=T1, horizon=n, buffer="fifo:6", seed=10, reproducible=True,
-        features=3,
+        features=3, release_every=1,
     )  # fmt: skip
-    every, sparse = OnPairStrC(**kw), OnPairStrC(**kw, release_every=k)
+    every, sparse = OnPairStrC(**kw), OnPairStrC(**{**kw, "release_every": k})
     X, y = _stream(9, n)
     sigma_every = {}
     for t in range(1, n + 1):
@@ -225,7 +230,7 @@ def test_smoothing_averages_the_last_releases_for_free() -> None:
     m, T1 = 5, 6
     kw = dict(
         task="metric", alpha=1.0, warmup=T1, horizon=40, buffer="fifo:6", seed=11,
-        reproducible=True, features=3,
+        reproducible=True, features=3, release_every=1,
     )  # fmt: skip
     plain, smooth = OnPairStrC(**kw), OnPairStrC(**kw, smoothing_window=m)
     X, y = _stream(10, 40, task="metric")
@@ -394,7 +399,7 @@ def test_a_rejected_first_record_does_not_fix_the_schema() -> None:
 )
 def test_auc_labels_true_false_one_zero_plus_minus_one_are_the_same(pos, neg) -> None:
     kw = dict(task="auc", alpha=1.0, warmup=4, horizon=30, buffer=6, seed=18, reproducible=True,
-              features=3)  # fmt: skip
+              features=3, release_every=1)  # fmt: skip
     ref, other = OnPairStrC(**kw), OnPairStrC(**kw)
     X, y = _stream(18, 30)
     for t in range(30):

@@ -149,7 +149,8 @@ def _penalties(task: str, models, X, Y, size: int) -> np.ndarray:
 def test_the_harness_penalties_are_the_learners() -> None:
     rng = np.random.default_rng(0)
     n, S = 80, 8
-    model = OnPairStrC(epsilon=4.0, horizon=n, features=3, buffer=S, seed=5, reproducible=True)
+    model = OnPairStrC(epsilon=4.0, horizon=n, features=3, buffer=S, seed=5, reproducible=True,
+                       release_every=1)  # fmt: skip
     X = rng.normal(size=(n, 3))
     y = rng.random(n) < 0.5
     recorded, served = [0.0], [None]
@@ -366,7 +367,7 @@ def test_the_raw_penalty_sequence_appears_in_no_engine_output(tmp_path, caplog) 
     (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cfg = EngineConfig.model_validate({
         "model": {"buffer": 16, "horizon": n, "epsilon": 4.0, "model_id": "m",
-                  "features": features, "metrics_share": 0.2},
+                  "features": features, "metrics_share": 0.2, "release_every": 1},
         "source": {"kind": "jsonl", "path": str(tmp_path / "in.jsonl")},
         "releases": {"kind": "jsonl", "path": str(tmp_path / "out" / "rel.jsonl")},
         "dead_letters": {"kind": "jsonl", "path": str(tmp_path / "out" / "dead.jsonl")},

@@ -91,6 +91,7 @@ LEARNERS = {
         buffer=8,
         seed=1,
         reproducible=True,
+        release_every=1,  # the properties hold release by release
         keep_history=True,
         features=FEATURES,
     ),
@@ -103,6 +104,7 @@ LEARNERS = {
         buffer="reservoir:8",
         seed=2,
         reproducible=True,
+        release_every=1,
         features=FEATURES,
     ),
     "PairwiseGIGA": lambda task: PairwiseGIGA(

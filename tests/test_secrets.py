@@ -67,8 +67,10 @@ def test_brute_forcing_small_seeds_against_a_warmup_release_finds_nothing() -> N
     """The attack that recovers a small seed from one warm-up model (a raw draw of the keyed
     generator) works against a reproducible run and finds nothing against a default one."""
     tries = range(0, 20_000)
-    weak = OnPairStrC(task="auc", alpha=1.0, seed=12_345, reproducible=True, features=FEATURES)
-    strong = OnPairStrC(task="auc", alpha=1.0, features=FEATURES)
+    weak = OnPairStrC(
+        task="auc", alpha=1.0, seed=12_345, reproducible=True, features=FEATURES, release_every=1
+    )
+    strong = OnPairStrC(task="auc", alpha=1.0, features=FEATURES, release_every=1)
     x, y = next(_records(1))
     weak.learn_one(x, y)
     strong.learn_one(x, y)  # step 1 < T1: the release is a data-independent warm-up model

@@ -61,6 +61,7 @@ COMBOS = [(alg, task) for alg in (OnPairStrC, OnPairC) for task in ("auc", "metr
 
 def _make(alg, task: str, setup: Setup):
     return alg(
+        release_every=1,
         task=task,
         epsilon=1.0,
         delta=1e-5,

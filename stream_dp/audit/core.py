@@ -270,6 +270,7 @@ def online_target(
         horizon=design.length,
         alpha=design.alpha,
         warmup=1,
+        release_every=1,  # the audit observes every step's release
         data_radius=design.data_radius,
         model_radius=design.model_radius,
         seed=0,

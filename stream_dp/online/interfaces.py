@@ -9,23 +9,66 @@ boundary too (``docs/privacy.md``, *Threat model*).
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
-from river import base
-from scipy import special
+from river import base, compose
 
 from stream_dp.linalg import apply_sqrt_factors, psd_sqrt, sqrt_factors
 
-__all__ = ["AUCInterface", "MetricInterface", "PrivateMetricDistance"]
+__all__ = [
+    "AUCInterface",
+    "MetricInterface",
+    "PrivateMetricDistance",
+    "RiverChecks",
+    "SEEDED_RIVER_CHECKS",
+    "UnsupportedComposition",
+]
+
+#: River's checks that rebuild the model with ``seed=42`` (``river.checks.utils.seed_params``).
+SEEDED_RIVER_CHECKS = frozenset(
+    {
+        "check_shuffle_features_no_impact",
+        "check_seeding_is_idempotent",
+        "check_predict_many_matches_predict_one",
+        "check_learn_many_matches_learn_one",
+        "check_predict_proba_many_matches_predict_proba_one",
+        "check_transform_many_matches_transform_one",
+    }
+)
 
 
-class AUCInterface(base.Classifier):
+class RiverChecks:
+    """What river's ``check_estimator`` may do to a learner.
+
+    The checks in :data:`SEEDED_RIVER_CHECKS` set ``seed=42``; a private learner refuses an
+    integer seed (it would make its noise guessable) unless ``reproducible=True`` declares the
+    run non-private. So a private construction — the README's, ``seed=None`` — skips those
+    checks, and a reproducible one runs them all (``tests/test_river_checks.py`` does both).
+    """
+
+    def _unit_test_skips(self) -> set[str]:
+        return set() if self.reproducible else set(SEEDED_RIVER_CHECKS)
+
+
+class AUCInterface(RiverChecks, base.Classifier):
     """Bipartite ranking as a binary river classifier.
 
     The score of ``x`` is ``w̃ᵀx`` (x clipped to R, as in training). ``predict_proba_one``
-    maps it through the logistic function: a monotone score for ranking (AUC), not a calibrated
-    probability — the pairwise loss is invariant to a shift of the scores, so there is no
-    intercept to calibrate with.
+    returns ``P(True) = (1 + w̃ᵀx / (‖w̃‖R)) / 2``: the score as a fraction of its largest
+    possible value (Cauchy–Schwarz: ``|w̃ᵀx| ≤ ‖w̃‖R``), moved to ``[0, 1]``. It is a monotone
+    score for ranking (AUC), not a calibrated probability — the pairwise loss is invariant to a
+    shift of the scores, so there is no intercept to calibrate with. The map reads only the
+    served release and the public radius R, never data.
+
+    Why not the logistic function: the score is bounded by ``‖w̃‖R ≤ DR`` (1 by default), so
+    the logistic keeps every probability in ``[0.27, 0.73]`` and usually in a much narrower band,
+    and river's default ``metrics.ROCAUC()`` — which counts ten thresholds evenly spaced in
+    ``[0, 1]`` — sees two or three operating points and reports an AUC near 0.5 for a model
+    whose exact AUC is 0.9. Spread over ``[0, 1]`` by the model's own bound, the same ten
+    thresholds come within a few hundredths of the exact AUC (``docs/algorithms.md``,
+    *Measuring AUC with river*). For the exact value, use :func:`stream_dp.metrics.roc_auc`
+    on the scores.
     """
 
     @property
@@ -44,13 +87,15 @@ class AUCInterface(base.Classifier):
         return float(w.dot(v))  # the method: half the call overhead of @ on short vectors
 
     def predict_proba_one(self, x, **kwargs) -> dict[bool, float]:
-        s = self.score_one(x)
-        # The logistic function, never overflowing: e^{−|s|} ≤ 1.
-        if s >= 0.0:
-            p = 1.0 / (1.0 + math.exp(-s))
-        else:
-            e = math.exp(s)
-            p = e / (1.0 + e)
+        schema = self._schema
+        w = None if schema.names is None else self._served_weights()
+        if w is None:
+            return {False: 0.5, True: 0.5}
+        v = schema.to_clipped(x, self._radius, learning=False)
+        bound = math.sqrt(w.dot(w)) * self._radius
+        if bound <= 0.0:
+            return {False: 0.5, True: 0.5}
+        p = min(max(0.5 * (1.0 + float(w.dot(v)) / bound), 0.0), 1.0)  # see _spread
         return {False: 1.0 - p, True: p}
 
     def predict_one(self, x, **kwargs) -> bool:
@@ -67,7 +112,9 @@ class AUCInterface(base.Classifier):
     def predict_proba_many(self, X):
         """``P(False)``, ``P(True)`` per row: a DataFrame for a DataFrame (as river's mini-batch
         API), else an array of shape ``(n, 2)``."""
-        p = special.expit(self.score_many(X))
+        w = self._served_weights()
+        bound = 0.0 if w is None else math.sqrt(w.dot(w)) * self._radius
+        p = _spread(self.score_many(X), bound)
         if hasattr(X, "columns") and hasattr(X, "index"):
             import pandas as pd
 
@@ -79,12 +126,32 @@ class AUCInterface(base.Classifier):
         return self.score_many(X) > 0.0
 
 
-class MetricInterface(base.SupervisedTransformer):
+def _spread(score: np.ndarray, bound: float) -> np.ndarray:
+    """``(1 + score/bound)/2`` in ``[0, 1]`` (½ for a zero model): ``|score| ≤ bound`` holds
+    by Cauchy–Schwarz, the clip only absorbs rounding."""
+    if bound <= 0.0:
+        return np.full(len(score), 0.5)
+    return np.clip(0.5 * (1.0 + score / bound), 0.0, 1.0)
+
+
+class UnsupportedComposition(TypeError):
+    """A river composition that would run but silently measure nothing (see the message)."""
+
+
+class MetricInterface(RiverChecks, base.SupervisedTransformer):
     """Mahalanobis metric learning as a river supervised transformer.
 
     ``transform_one(x)`` returns ``W̃^{1/2}x`` keyed by feature name, so Euclidean distances in
     the output are the learned distances ``√((a − b)ᵀW̃(a − b))``. Before the first release the
     metric is the identity (a data-independent choice).
+
+    For k-nearest neighbours use :class:`~stream_dp.online.PrivateMetricKNN`. A pipeline
+    ``metric learner | neighbors.KNNClassifier()`` raises :class:`UnsupportedComposition` at its
+    first prediction: river's ``Pipeline`` (0.26) runs a supervised transformer as a final step
+    when learning — the kNN stores the records untransformed — but transforms the queries, and
+    even a kNN that stored transformed records would hold each under the release of its own time
+    while the metric changes with every release. Measured: 16 % accuracy on
+    ``datasets.ImageSegments`` at ε = 4 (chance 14 %), where ``PrivateMetricKNN`` has 86 %.
     """
 
     def _apply_sqrt(self, W: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -105,6 +172,9 @@ class MetricInterface(base.SupervisedTransformer):
         return None
 
     def transform_one(self, x) -> dict:
+        caller = sys._getframe(1).f_locals.get("self")
+        if isinstance(caller, compose.Pipeline):
+            _refuse_knn_after(self, caller)
         v = self._model_input(x)
         if v is None:
             return dict(x) if isinstance(x, dict) else {}
@@ -126,6 +196,28 @@ class MetricInterface(base.SupervisedTransformer):
     def distance_function(self) -> PrivateMetricDistance:
         """A distance callable for river's kNN that always follows this live learner."""
         return PrivateMetricDistance(self)
+
+
+def _refuse_knn_after(learner: MetricInterface, pipeline: compose.Pipeline) -> None:
+    """Raise :class:`UnsupportedComposition` if a river kNN follows ``learner`` in ``pipeline``
+    (checked once per pipeline)."""
+    checked = learner.__dict__.setdefault("_checked_pipelines", set())
+    if id(pipeline) in checked:
+        return
+    steps = list(pipeline.steps.values())
+    after = steps[next((i for i, s in enumerate(steps) if s is learner), len(steps)) + 1 :]
+    knn = next((s for s in after if type(s).__module__.startswith("river.neighbors")), None)
+    if knn is not None:
+        name = type(learner).__name__
+        raise UnsupportedComposition(
+            f"{name} | {type(knn).__name__}: the kNN would compare queries under the current "
+            "release with neighbours stored untransformed (river's Pipeline does not apply a "
+            "supervised transformer while learning) or under older releases (the metric "
+            "changes with every release), and predict at about chance. Use "
+            "stream_dp.online.PrivateMetricKNN(<metric learner>), which measures every "
+            "distance with the current release (docs/algorithms.md, *kNN on a learned metric*)"
+        )
+    checked.add(id(pipeline))
 
 
 class PrivateMetricDistance:

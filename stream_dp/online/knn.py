@@ -15,7 +15,14 @@ class PrivateMetricKNN(base.Classifier):
     ``learn_one`` feeds the record to both the metric learner and the kNN window; predictions
     measure distances with the metric as released *now* (river's ``KNNClassifier`` deep-copies
     its engine, which would freeze a bound method; :class:`PrivateMetricDistance` survives the
-    copy as a reference). Works inside ``river.evaluate.progressive_val_score``.
+    copy as a reference). Works inside ``river.evaluate.progressive_val_score``: 85.7 % on
+    ``datasets.ImageSegments`` after a ``StandardScaler`` at ε = 4, where river's kNN alone has
+    87.3 % (``docs/algorithms.md``, *kNN on a learned metric*).
+
+    This is the way to use a learned metric for kNN. The river pipeline ``metric learner |
+    neighbors.KNNClassifier()`` raises
+    :class:`~stream_dp.online.interfaces.UnsupportedComposition`: it would compare queries under
+    the current release with neighbours stored under another metric, at about chance (16 %).
 
     Note the privacy scope: the metric is private, but a kNN classifier stores raw neighbours,
     so its *predictions* are not differentially private. Use it for evaluation by the trusted
@@ -64,6 +71,10 @@ class PrivateMetricKNN(base.Classifier):
 
     def predict_proba_one(self, x, **kwargs) -> dict:
         return self._knn.predict_proba_one(x)
+
+    def _unit_test_skips(self) -> set[str]:
+        # The seeded checks rebuild the metric learner with seed=42 (see RiverChecks).
+        return self.metric._unit_test_skips()
 
     @classmethod
     def _unit_test_params(cls):

@@ -76,10 +76,15 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
         every release message, ``describe()`` and the ledger then say it is not private.
     release_every
         Release every k-th step; the budget is split over fewer releases, so each is less noisy.
+        Default 20: the smoothed model's noise depends only on the budget inside its window, not
+        on how many releases share it, so releasing at every step would only cost a noise draw
+        and a projection per record (``docs/algorithms.md``, *Choosing the parameters*).
+        ``release_every=1, smoothing_window=1, predict_with="release"`` is Algorithm 1 as written.
     smoothing_window
-        Number of releases averaged by ``smoothed_weights`` (post-processing: free).
+        Number of releases averaged by ``smoothed_weights`` (post-processing: free). Default 50:
+        with ``release_every=20``, the models of the last 1,000 records.
     predict_with
-        ``"release"`` or ``"smoothed"``: which private model predictions use.
+        ``"release"`` or ``"smoothed"`` (default): which private model predictions use.
     warmup
         Override T1 (then ``sensitivity`` must be ``"certified"``).
     sensitivity
@@ -150,9 +155,9 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
         conversion: str = "tight",
         seed: int | None = None,
         reproducible: bool = False,
-        release_every: int = 1,
-        smoothing_window: int = 1,
-        predict_with: str = "release",
+        release_every: int = 20,
+        smoothing_window: int = 50,
+        predict_with: str = "smoothed",
         warmup: int | None = None,
         sensitivity: str = "certified",
         anytime_p: float = 1.1,
