@@ -42,9 +42,9 @@ from typing import Any
 from connectors.schema import (
     DeadLetter,
     RecordError,
+    ReleaseEncoder,
     ReleaseMessage,
-    conform_features,
-    parse_record,
+    parse_conformed,
 )
 from stream_dp.checkpoint import load_checkpoint
 from stream_dp.engine.commit import (
@@ -222,6 +222,7 @@ class Engine:
         self.state = StateDir(config.checkpoint.path)
         self._features = tuple(config.model.features)
         self._known = frozenset(self._features)
+        self._encoder = ReleaseEncoder()
         self._source = source
         self._given_sinks = {RELEASES: releases, DEAD_LETTERS: dead_letters}
         self.outputs: Outputs | None = None
@@ -302,6 +303,11 @@ class Engine:
                     "delivery_timeout_ms": int(attempt * 1000),
                     # Back within seconds of the broker's return, not kafka-python's 30 s.
                     "reconnect_backoff_max_ms": 5000,
+                    # A cycle's messages are sent in one burst and flushed by the commit:
+                    # large batches (fewer requests, fewer wake-ups of the producer's I/O
+                    # thread) cost no latency (docs/performance.md, "Kafka end to end").
+                    "batch_size": 256 * 1024,
+                    "linger_ms": 5,
                 },
                 **topic_cfg.security,
             )
@@ -530,8 +536,13 @@ class Engine:
         except OSError as err:
             raise StateError(f"cannot write checkpoint {self.state.checkpoint}: {err}") from None
 
-    def commit(self, *, publish: bool = True) -> None:
-        """End the cycle: checkpoint (learner, ledger, positions, outbox), then publish it."""
+    def commit(self, *, publish: bool = True, background: bool = False) -> None:
+        """End the cycle: checkpoint (learner, ledger, positions, outbox), then publish it.
+
+        With ``background`` (and Kafka topics to publish to), the publication runs beside the
+        learning of the next cycle, whose checkpoint waits for it (``CommitCycle.settle``).
+        """
+        self._fenced_as_engine_error(self.cycle.settle, **self._hooks())
         positions = self._source.positions()
         if not self.cycle.pending(positions):
             return
@@ -541,7 +552,11 @@ class Engine:
             self.cycle.checkpoint(self._learner_state(), positions, self._meta())
         except OSError as err:
             raise StateError(f"cannot write checkpoint {self.state.checkpoint}: {err}") from None
-        if publish:
+        if not publish:
+            return
+        if background and self.outputs.publisher is not None:
+            self.cycle.publish_in_background(positions)
+        else:
             self._fenced_as_engine_error(self.cycle.publish, positions, **self._hooks())
 
     def _cycle_due(self, idle: bool) -> bool:
@@ -651,6 +666,8 @@ class Engine:
         finally:
             self._restore_signals(handlers)
             self.learner.accountant.storage.close()  # flushes and unlocks a journal
+            if self.cycle is not None:
+                self.cycle.abandon()
             if self.outputs is not None:
                 self.outputs.close()
             if self._source is not None:
@@ -713,7 +730,9 @@ class Engine:
             elif self._idle_since is None:
                 self._idle_since = time.time()
             if self._cycle_due(idle=not batch):
-                self.commit()
+                self.commit(background=True)
+            else:
+                self._fenced_as_engine_error(self.cycle.settle_if_done)
             now = time.monotonic()
             if now - self._status_clock >= self.config.status.interval_seconds:
                 self._report_status(now)
@@ -728,8 +747,9 @@ class Engine:
     def _handle(self, msg) -> None:
         self.stats.records += 1
         try:
-            record = parse_record(msg.value, max_bytes=self.config.max_message_bytes)
-            x, n_unknown = conform_features(record, self._features, self._known)
+            x, y, n_unknown = parse_conformed(
+                msg.value, self._features, self._known, max_bytes=self.config.max_message_bytes
+            )
         except RecordError as err:
             self._dead(err.reason, err.message, msg)
             self.stats.dead_letters += 1
@@ -740,7 +760,7 @@ class Engine:
         learner = self.learner
         step_before = learner.step
         try:
-            learner.learn_one(x, record.y)
+            learner.learn_one(x, y)
         except InvalidRecord as err:
             self._dead(err.reason, str(err), msg)
             self.stats.dead_letters += 1
@@ -758,8 +778,8 @@ class Engine:
         if learner.release_step == learner.step:
             fields = learner.release_message()
             fields.setdefault("private", not self.config.model.reproducible)
-            release = ReleaseMessage(**fields, run_id=self.run_id, time=time.time())
-            self.outbox.add(RELEASES, release.model_id, release.to_json())
+            value = self._encoder.encode(fields, run_id=self.run_id, time=time.time())
+            self.outbox.add(RELEASES, fields["model_id"], value)
             self.stats.releases += 1
 
     # -- status ----------------------------------------------------------------------------
@@ -800,7 +820,7 @@ class Engine:
             "broker_unreachable_since": self.broker_unreachable_since,
             "last_published_cycle": cycle,
             "last_published_at": cycle_time,
-            "pending_messages": len(self.outbox),
+            "pending_messages": len(self.outbox) + (self.cycle.in_flight if self.cycle else 0),
             **self.stats.to_dict(),
             "dp_metrics": dp_operator_metrics(self.learner),
         }
