@@ -24,7 +24,13 @@ from stream_dp.privacy.accountant import (
     ZCDPAccountant,
     accountant_from_dict,
 )
-from stream_dp.privacy.budget import BudgetExhausted, approx_budget, budget_from_dict, zcdp_budget
+from stream_dp.privacy.budget import (
+    BudgetExhausted,
+    approx_budget,
+    budget_from_dict,
+    budget_or_slice_from_dict,
+    zcdp_budget,
+)
 
 N = 2 * CHUNK + 777  # two sealed chunks and an open one
 
@@ -431,3 +437,58 @@ def test_a_budget_round_trips_and_refuses_a_ledger_above_it() -> None:
     # the older form, where the accountant carried its own budget
     old = {**budget.accountant.to_dict(), "epsilon": 2.0, "conversion": "paper"}
     assert budget_from_dict(old).limit == budget.limit
+
+
+# --- one budget, several components ---------------------------------------------------------
+
+
+def test_slices_share_one_ledger_and_each_keeps_to_its_share() -> None:
+    budget = zcdp_budget(4.0, 1e-5)
+    model, scaler = budget.slice(0.75, "gaussian"), budget.slice(0.25, "gaussian-scaler")
+    per = budget.limit / 100
+    sigma = 1.0 / math.sqrt(2 * per)  # each charge costs 1% of the budget
+    for t in range(1, 26):  # the same steps under two names: no double charge
+        scaler.charge_gaussian(t, 1.0, sigma)
+        model.charge_gaussian(t, 1.0, sigma)
+    with pytest.raises(BudgetExhausted, match="share"):
+        scaler.charge_gaussian(26, 1.0, sigma)  # its 25 % are spent
+    for t in range(26, 76):
+        model.charge_gaussian(t, 1.0, sigma)
+    with pytest.raises(BudgetExhausted):
+        model.charge_gaussian(76, 1.0, sigma)
+    acc = budget.accountant
+    assert len(acc) == 100 and acc.rho_spent() <= budget.limit
+    assert sum(e.mechanism == "gaussian-scaler" for e in acc.ledger) == 25
+    assert acc.charged(3, "gaussian-scaler") is not None and acc.charged(3, "gaussian")
+    # Restored, a slice sees its own past charges in the shared ledger.
+    back = budget_or_slice_from_dict(model.to_dict())
+    assert back.limit == model.limit and back.remaining() == model.remaining()
+    assert back.accountant.ledger == acc.ledger
+    with pytest.raises(ValueError, match="charges"):
+        model.charge(GaussianEvent(80, 1.0, sigma, "gaussian-scaler"))
+
+
+def test_a_learner_spends_only_its_share_and_leaves_the_rest_to_others() -> None:
+    from stream_dp.online import OnPairStrC
+
+    rng = np.random.default_rng(0)
+    kw = dict(task="auc", epsilon=2.0, horizon=120, alpha=1.0, buffer=8, features=3)
+    full, part = OnPairStrC(**kw), OnPairStrC(**kw, budget_share=0.5)
+    scaler = part.budget.slice(0.5, "gaussian-scaler")
+    for t in range(1, 121):
+        x, y = rng.normal(size=3), bool(rng.random() < 0.5)
+        full.learn_one(x, y)
+        part.learn_one(x, y)
+        if t % 40 == 0:
+            scaler.charge_gaussian(t, 1.0, 1.0 / math.sqrt(2 * scaler.limit / 3.001))
+    ledger = part.accountant.ledger
+    releases = [e for e in ledger if e.mechanism == "gaussian"]
+    assert len(releases) == full.n_releases and sum(e.mechanism != "gaussian" for e in ledger) == 3
+    # The same certified sensitivities, σ larger by √2: half the ρ for the same releases.
+    for a, b in zip(full.accountant.ledger, releases, strict=True):
+        assert a.sensitivity == b.sensitivity
+        assert b.sigma == pytest.approx(a.sigma * math.sqrt(2), rel=1e-8)
+    assert part.accountant.rho_spent() <= part.budget.limit
+    restored = OnPairStrC(**kw, budget_share=0.5)
+    restored.load_state_dict(part.state_dict())
+    assert restored.accountant.ledger == ledger and restored.budget.limit == part.budget.limit

@@ -11,6 +11,7 @@ from stream_dp.constraints import PSDFrobeniusBall
 from stream_dp.mf_reference import MFReference
 from stream_dp.privacy.conversions import epsilon_from_rho
 from stream_dp.privacy.events import GaussianEvent
+from stream_dp.privacy.mf import MECHANISM_NAME
 
 ORDERS = list(1.0 + np.geomspace(1e-3, 1e5, 2000))
 
@@ -34,7 +35,9 @@ def test_one_charge_for_the_whole_horizon_before_the_first_step(noise: str) -> N
     m.learn_one(X[0], y[0])
     (event,) = m.accountant.ledger
     mech = m.mechanism
-    assert event == GaussianEvent(step=1, sensitivity=mech.sensitivity, sigma=mech.sigma)
+    assert event == GaussianEvent(
+        step=1, sensitivity=mech.sensitivity, sigma=mech.sigma, mechanism=MECHANISM_NAME
+    )
     budget = m.budget.limit
     assert budget * (1 - 1e-8) <= m.accountant.rho_spent() <= budget
     m.learn_many(X[1:], y[1:])

@@ -280,7 +280,7 @@ def online_target(
     )
     params.update(learner_params)
     if multiplier != 1.0:  # the learner's noise collaborator, weakened (test only)
-        params["noise"] = functools.partial(_WeakenedReleaseNoise, multiplier=multiplier)
+        params["noise_source"] = functools.partial(_WeakenedReleaseNoise, multiplier=multiplier)
     template = classes[algorithm](**params)
     stream = {w: design.stream(w) for w in (False, True)}
     probe = design.probe.ravel()

@@ -70,7 +70,7 @@ class PairwiseLearner(base.Estimator):
             raise ValueError(f"{type(self).__name__} is the {self._task!r} variant")
         radius = _positive("data_radius", self.data_radius)
         model_radius = _positive("model_radius", self.model_radius)
-        self._alpha = _positive("alpha", alpha)
+        self._alpha = _positive("alpha", alpha) if self._regularized else float(alpha)
         check_seed(self.seed, self.reproducible, type(self).__name__)
         if self.features is None and self._requires_schema:
             raise ValueError(
@@ -82,25 +82,31 @@ class PairwiseLearner(base.Estimator):
         self._constraint: ConstraintSet = (
             L2Ball(model_radius) if self.task == "auc" else PSDFrobeniusBall(model_radius)
         )
-        self._noise = (self.noise or KeyedNoise)(self.seed, self.model_id)
+        self._noise = (self.noise_source or KeyedNoise)(self.seed, self.model_id)
         self._loss = self._loss_for(Regularized, get_loss(self.task, "logistic"))
         buffer = make_buffer(self._copy_buffer(), warn_above=self.max_buffer_warning)
+        mechanism = self._mechanism(buffer)
+        eta, divisor = self._fixed_step(mechanism)
         self._state = LearnerState(
             loss=self._loss,
             constraint=self._constraint,
             buffer=buffer,
-            mechanism=self._mechanism(buffer),
+            mechanism=mechanism,
             noise=self._noise,
             window=window,
             eta_alpha=self._alpha,
             smoothed=smoothed,
             track_regret=self.track_regret,
             keep_history=self.keep_history,
+            eta=eta,
+            divisor=divisor,
         )
         self._fast: FastPath | None = None
         self.n_rejected = 0
 
     _requires_schema = True
+    #: False for a learner without a regulariser (``alpha = 0`` is then allowed).
+    _regularized = True
 
     def _copy_buffer(self) -> str | int | Buffer:
         import copy
@@ -112,6 +118,11 @@ class PairwiseLearner(base.Estimator):
 
     def _mechanism(self, buffer: Buffer) -> Mechanism:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _fixed_step(self, mechanism: Mechanism) -> tuple[float | None, int | None]:
+        """A constant step size and a fixed divisor of the gradient's sum over the partners, or
+        (None, None) for Huai et al.'s ``η_t`` and the partners' mean."""
+        return None, None
 
     def _on_bind(self) -> None:
         """Draw what depends on d and the secret only (OnPairC's centre)."""
@@ -150,7 +161,7 @@ class PairwiseLearner(base.Estimator):
     def private(self) -> bool:
         """False for the non-private baseline and for a run with a guessable seed or a
         non-default noise source: nothing it publishes is private then."""
-        return self._state.mechanism.private and self.seed is None and self.noise is None
+        return self._state.mechanism.private and self.seed is None and self.noise_source is None
 
     @property
     def step(self) -> int:
@@ -255,12 +266,13 @@ class PairwiseLearner(base.Estimator):
 
     def _may_learn(self) -> bool:
         s = self._state
-        if not s.exhausted and s.w is not None and not s.mechanism.can_step(s.t + 1):
-            self._exhaust()
         if s.exhausted:
             return False
         if s.w is None:
             self._bind()
+        if not s.mechanism.can_step(s.t + 1):  # may charge: correlated noise, before step 1
+            self._exhaust()
+            return False
         return True
 
     def _exhaust(self) -> None:
@@ -281,14 +293,14 @@ class PairwiseLearner(base.Estimator):
     def private_weights(self) -> np.ndarray | None:
         """The latest release ``w̃_t`` (a copy), or None before the first one."""
         ring = self._state.ring
-        latest = None if ring is None or not self._state.mechanism.private else ring.latest
+        latest = None if ring is None or not self._state.mechanism.publishes else ring.latest
         return None if latest is None else latest.copy()
 
     @property
     def smoothed_weights(self) -> np.ndarray | None:
         """Mean of the last ``smoothing_window`` releases: post-processing, costs no budget."""
         ring = self._state.ring
-        mean = None if ring is None or not self._state.mechanism.private else ring.smoothed
+        mean = None if ring is None or not self._state.mechanism.publishes else ring.smoothed
         return None if mean is None else mean.copy()
 
     @property
@@ -304,11 +316,11 @@ class PairwiseLearner(base.Estimator):
         return None if flat is None else flat.reshape(self._state.shape)
 
     def _served_version(self) -> tuple:
-        return (self._state.t,) if not self._state.mechanism.private else (self.release_step,)
+        return (self._state.t,) if not self._state.mechanism.publishes else (self.release_step,)
 
     def _served_factors(self) -> tuple[np.ndarray, np.ndarray] | None:
         ring = self._state.ring
-        if ring is None or self._state.smoothed or not self._state.mechanism.private:
+        if ring is None or self._state.smoothed or not self._state.mechanism.publishes:
             return None
         return ring.factors
 

@@ -25,6 +25,7 @@ from stream_dp.buffers import AllBuffer, FIFOBuffer, ReservoirBuffer
 from stream_dp.constraints import L2Ball, PSDFrobeniusBall, project_l2, project_psd_frobenius
 from stream_dp.huai import huai_sensitivity, huai_step_size, is_release_step
 from stream_dp.losses import LogisticAUCLoss, LogisticMetricLoss, Regularized, buffer_terms
+from stream_dp.online.correlated import average_update
 from stream_dp.online.release import COUNT, HEAD, ring_push, window_mean
 from stream_dp.online.state import LearnerState
 from stream_dp.privacy.mechanisms import release_sigma
@@ -38,7 +39,7 @@ CHUNK_ROWS = 2048
 
 # Buffer kinds, and the counters in ``ctr``.
 _FIFO, _ALL, _RESERVOIR = 0, 1, 2
-T0, RELEASES, ZBLOCK = 0, 1, 2
+T0, RELEASES, ZBLOCK, GFIRST = 0, 1, 2, 3
 
 FIELDS = (
     # the model and its loss
@@ -48,9 +49,12 @@ FIELDS = (
     # the certified sensitivity (OutputPerturbation's tracker)
     "certify", "shared", "distinct", "tst", "tsb", "consts", "paper", "paper_G", "paper_alpha",
     # the release schedule and the release ring
-    "private", "T1", "every", "horizon", "win", "rs", "lam", "V", "smoothed",
-    # the noise rows of the current block, the budget of each release of the run
+    "publishes", "T1", "every", "horizon", "win", "rs", "lam", "V", "smoothed",
+    # output perturbation: the noise rows of the current block, the budget of each release
     "Z", "rhos",
+    # correlated gradient noise: fixed divisor, step size, σ·(MZ) rows from step ctr[GFIRST],
+    # the released average and its κ (< 0: release the iterate)
+    "mf", "divisor", "eta", "GN", "avg", "kappa",
     # regret, counters, outputs, scratch
     "track", "ctr", "out_step", "out_sens", "out_sigma", "pen", "penok", "g", "lam_it", "V_it",
 )  # fmt: skip
@@ -70,6 +74,19 @@ def _descend(w, g, n, eta, alpha, center):  # pragma: no cover - compiled
         w[i] = w[i] - eta * (g[i] / n + alpha * (w[i] - center[i]))
 
 
+def _descend_fixed(w, g, n, divisor, eta, alpha, center, GN, r):  # pragma: no cover - compiled
+    # w ← w − η((g + nα(w − w₀))/B + σ(MZ)_t): the step with a fixed divisor B (Regularized's
+    # pair sum over B) and the step's correlated noise row, if any.
+    noisy = GN.shape[0] > 0
+    for i in range(w.shape[0]):
+        gi = 0.0
+        if n > 0:
+            gi = (g[i] + n * alpha * (w[i] - center[i])) / divisor
+        if noisy:
+            gi = gi + GN[r, i]
+        w[i] = w[i] - eta * gi
+
+
 def _step(S, j, x, y):  # pragma: no cover - compiled
     """Step ``t0 + 1 + j`` for the validated, clipped record ``(x, y)``: the reference step's
     arithmetic, in its order."""
@@ -86,13 +103,13 @@ def _step(S, j, x, y):  # pragma: no cover - compiled
     # The served model's penalty on the new record (operator-only regret).
     rs = S.rs
     k = S.win.shape[0]
-    if not S.private:
+    if not S.publishes:
         s = w.copy()
     elif S.smoothed and rs[COUNT] > 0:
         s = window_mean(S.win, rs[COUNT], rs[HEAD])
     else:
         s = S.win[(rs[HEAD] - 1) % k]
-    scored = S.track and t >= 2 and (not S.private or rs[COUNT] > 0)
+    scored = S.track and t >= 2 and (not S.publishes or rs[COUNT] > 0)
     learn = n > 0
     value = 0.0
     if n > 0 and (scored or learn):
@@ -102,19 +119,29 @@ def _step(S, j, x, y):  # pragma: no cover - compiled
         S.pen[j] = value + S.alpha * _half_sq_dist(s, S.center)
         S.penok[j] = 1
     # One projected gradient step (t > T1 on the fast path) and its certified bound.
-    eta = huai_step_size(t, S.eta_alpha)
+    eta = S.eta if S.mf else huai_step_size(t, S.eta_alpha)
     bound = 0.0
     if S.certify:
         G, al, L, diam = S.consts[0], S.consts[1], S.consts[2], S.consts[3]
         bound = cert_step(S.tst, S.tsb, S.shared, S.distinct, G, al, L, diam, eta, n, S.bids)
-    if learn:
+    if S.mf:  # every step moves: its gradient noise is part of the one mechanism
+        _descend_fixed(w, S.g, n, S.divisor, eta, S.alpha, S.center, S.GN, t - S.ctr[GFIRST])
+    elif learn:
         _descend(w, S.g, n, eta, S.alpha, S.center)
+    if learn or S.mf:
         if S.task == 0:
             project_l2(w, S.radius)
         else:
             project_psd_frobenius(w, S.d, S.radius, S.lam_it, S.V_it)
-    # The release, noised with the step's keyed row at σ = Δ/√(2ρ).
-    if S.private and is_release_step(t, S.T1, S.every, S.horizon):
+    # The release: post-processing of the noisy gradients (the iterates' average), or the
+    # iterate noised with the step's keyed row at σ = Δ/√(2ρ).
+    if S.mf:
+        if S.kappa >= 0.0:
+            average_update(S.avg, w, t, S.kappa)
+            ring_push(S.win, rs, S.avg, t, True, 0)
+        else:
+            ring_push(S.win, rs, w, t, True, 0)
+    elif S.publishes and is_release_step(t, S.T1, S.every, S.horizon):
         r = S.ctr[RELEASES]
         sens = bound
         if S.paper:
@@ -167,6 +194,7 @@ if NUMBA_INSTALLED:
 
     _half_sq_dist = numba.extending.register_jitable(_half_sq_dist)
     _descend = numba.extending.register_jitable(_descend)
+    _descend_fixed = numba.extending.register_jitable(_descend_fixed)
     _step = numba.extending.register_jitable(_step)
 
     @_structref.register
@@ -198,7 +226,7 @@ class FastPath:
         self.kind = {"fifo": _FIFO, "all": _ALL, "reservoir": _RESERVOIR}[buf.kind]
         size = s.w.size
         self.per_block = rows_per_block(size)
-        self.ctr = np.zeros(3, dtype=np.int64)
+        self.ctr = np.zeros(4, dtype=np.int64)
         self.ctr[ZBLOCK] = -1
         self.Z = np.zeros((self.per_block, size))
         cap = CHUNK_ROWS
@@ -233,7 +261,7 @@ class FastPath:
             return None
         if type(s.buffer) not in (FIFOBuffer, AllBuffer, ReservoirBuffer):
             return None
-        if s.mechanism.private and s.mechanism.fast_settings() is None:
+        if s.mechanism.kind != "none" and s.mechanism.fast_settings() is None:
             return None
         return FastPath(s)
 
@@ -245,6 +273,9 @@ class FastPath:
         sources = (buf.X, buf.Y, buf.ids, s.w, s.center, s.ring.rows, self.slots)
         if tracker is not None:
             sources += (tracker.state, tracker.slot_bound)
+        mf = mech.kind == "gradient"
+        if mf:
+            sources += (mech.block, mech.average)
         same = len(sources) == len(self._sources) and all(
             a is b for a, b in zip(sources, self._sources, strict=True)
         )
@@ -267,11 +298,16 @@ class FastPath:
             consts=tracker.constants if tracker is not None else np.zeros(4),
             paper=paper is not None, paper_G=float(paper[0]) if paper else 0.0,
             paper_alpha=float(paper[1]) if paper else 1.0,
-            private=bool(mech.private), T1=int(mech.warmup),
+            publishes=bool(mech.publishes), T1=int(mech.warmup),
             every=int(getattr(mech, "release_every", 1)),
             horizon=int(getattr(mech, "horizon_code", -1)),
             win=s.ring.rows, rs=s.ring.state, lam=s.ring.lam, V=s.ring.V,
-            smoothed=bool(s.smoothed), Z=self.Z, rhos=self.rhos, track=bool(s.track_regret),
+            smoothed=bool(s.smoothed), Z=self.Z, rhos=self.rhos,
+            mf=mf, divisor=float(s.divisor or 1), eta=float(s.eta or 0.0),
+            GN=mech.block if mf else np.zeros((0, 1)),
+            avg=mech.average if mf else np.zeros(1),
+            kappa=-1.0 if not mf or mech.averaging is None else float(mech.averaging),
+            track=bool(s.track_regret),
             ctr=self.ctr, out_step=self.out_step, out_sens=self.out_sens,
             out_sigma=self.out_sigma, pen=self.pen, penok=self.penok, g=np.zeros(s.w.size),
             lam_it=np.zeros(d), V_it=np.zeros((d, d)),
@@ -286,8 +322,15 @@ class FastPath:
         mech = self.mech
         if t0 < mech.warmup or not mech.can_step(t0 + 1):
             return 0
-        if not mech.private:
+        if mech.kind == "none":
             return min(m, CHUNK_ROWS)
+        if mech.kind == "gradient":  # no release is charged: only the horizon and the block
+            m = min(m, CHUNK_ROWS)
+            if mech.horizon is not None:
+                m = min(m, int(mech.horizon) - t0)
+            if mech.private:
+                m = min(m, mech.ensure_block(t0 + 1))
+            return m
         m = min(m, CHUNK_ROWS, self.per_block - (t0 + 1) % self.per_block)
         horizon = mech.horizon
         if horizon is not None:
@@ -313,9 +356,11 @@ class FastPath:
             self._plan(t0, 1)
         S = self._state()
         self.ctr[T0] = t0
-        if mech.private:
+        if mech.kind == "output":
             self._noise_block(t0)
             self.rhos[0] = mech.rho(mech.n_charged + 1)
+        elif mech.kind == "gradient":
+            self.ctr[GFIRST] = mech.block_first
         _RUN_ONE(S, x, y)
         self._finish(t0, 1)
 
@@ -326,11 +371,13 @@ class FastPath:
         self._plan(t0, m)
         S = self._state()
         self.ctr[T0] = t0
-        if mech.private:
+        if mech.kind == "output":
             self._noise_block(t0)
             k = mech.n_charged
             for i in range(self._count):
                 self.rhos[i] = mech.rho(k + 1 + i)
+        elif mech.kind == "gradient":
+            self.ctr[GFIRST] = mech.block_first
         _RUN_MANY(S, X, Y, m)
         self._finish(t0, m)
 
@@ -360,6 +407,8 @@ class FastPath:
         elif self.kind == _ALL:
             s.buffer.check_size()
         s.t = t0 + m
+        if mech.kind == "gradient":
+            mech.ran(s.t)
         r = int(self.ctr[RELEASES])
         if r:
             try:

@@ -53,7 +53,7 @@ class PairwiseGIGA(PairwiseLearner):
         track_regret: bool = True,
         keep_history: bool = False,
         max_buffer_warning: int = 100_000,
-        noise: type | None = None,
+        noise_source: type | None = None,
     ) -> None:
         self.task = task
         self.alpha = alpha
@@ -67,7 +67,7 @@ class PairwiseGIGA(PairwiseLearner):
         self.track_regret = track_regret
         self.keep_history = keep_history
         self.max_buffer_warning = max_buffer_warning
-        self.noise = noise
+        self.noise_source = noise_source
         self._setup(alpha)
 
     def _mechanism(self, buffer: Buffer) -> Unperturbed:

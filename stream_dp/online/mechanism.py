@@ -25,7 +25,7 @@ import numpy as np
 
 from stream_dp.privacy.noise import KeyedNoise
 
-__all__ = ["Mechanism", "Unperturbed", "mechanism_class", "register"]
+__all__ = ["Mechanism", "Unperturbed", "mechanism_class", "register", "restore_budget"]
 
 _REGISTRY: dict[str, type[Mechanism]] = {}
 
@@ -55,7 +55,13 @@ class Mechanism:
 
     #: The registry name (checkpoints record it).
     name: str = ""
-    #: False for a mechanism that publishes nothing (the non-private baseline).
+    #: Where the noise enters: ``"output"`` (each release is perturbed and charged),
+    #: ``"gradient"`` (every gradient is; the releases are free), ``"none"``.
+    kind: str = "output"
+    #: False for a mechanism that publishes nothing (the non-private baseline): its learner
+    #: serves the iterate itself.
+    publishes: bool = True
+    #: False when nothing released carries noise (the baseline, a noise-free correlated run).
     private: bool = True
     #: Warm-up steps: their releases are data-independent random models (cost nothing).
     warmup: int = 0
@@ -111,6 +117,8 @@ class Unperturbed(Mechanism):
     """No noise and no release: the non-private baseline (PairwiseGIGA) serves its iterate."""
 
     name = "unperturbed"
+    kind = "none"
+    publishes = False
     private = False
 
     def releases_at(self, t: int) -> bool:
@@ -121,3 +129,19 @@ class Unperturbed(Mechanism):
 
     def describe(self) -> str:
         return "no privacy: the iterate itself is served"
+
+
+def restore_budget(current, state: dict):
+    """The budget (or slice) of a checkpoint, refused unless it has ``current``'s limit,
+    ε and δ: a learner never resumes someone else's ledger."""
+    from stream_dp.privacy.budget import budget_or_slice_from_dict
+
+    budget = budget_or_slice_from_dict(state)
+    mine = (current.limit, current.epsilon, current.delta)
+    if (budget.limit, budget.epsilon, budget.delta) != mine:
+        budget.accountant.storage.close()
+        raise ValueError(
+            f"checkpoint's budget (ε={budget.epsilon}, δ={budget.delta}) is not this "
+            f"learner's (ε={current.epsilon}, δ={current.delta})"
+        )
+    return budget

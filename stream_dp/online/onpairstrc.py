@@ -12,10 +12,11 @@ from stream_dp.buffers import Buffer, make_buffer
 from stream_dp.huai import alpha_for_warmup, huai_warmup
 from stream_dp.losses import get_loss
 from stream_dp.online.base import PairwiseLearner
+from stream_dp.online.budgeted import BudgetedLearner
 from stream_dp.online.interfaces import AUCInterface, MetricInterface
 from stream_dp.online.output_perturbation import OutputPerturbation
 from stream_dp.online.params import river_check_params
-from stream_dp.privacy.budget import PrivacyBudget, zcdp_budget
+from stream_dp.privacy.budget import zcdp_budget
 from stream_dp.privacy.events import gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
 from stream_dp.privacy.schedules import AnytimeSchedule, HorizonSchedule, Schedule
@@ -24,7 +25,7 @@ from stream_dp.sensitivity import CertifiedSensitivity
 __all__ = ["OnPairStrC", "OnPairStrCAUC", "OnPairStrCMetric"]
 
 
-class OnPairStrC(PairwiseLearner):
+class OnPairStrC(BudgetedLearner, PairwiseLearner):
     """Online Pairwise Private GIGA, strongly convex (Huai et al., AAAI 2020, Algorithm 1).
 
     Each record ``z_t`` is paired with the buffer ``B_t``; one projected gradient step is taken
@@ -97,9 +98,15 @@ class OnPairStrC(PairwiseLearner):
         Keep records so :meth:`best_fixed_comparator` can be solved (finite runs only).
     max_buffer_warning
         The ``"all"`` buffer warns above this many records.
-    noise
+    noise_source
         The keyed noise source: ``None`` for :class:`stream_dp.privacy.KeyedNoise`. Anything
         else (the audit's deliberately weakened variants) marks every release non-private.
+    budget_share
+        The fraction of the budget's ρ the releases may spend (default: all of it). The rest is
+        left to other components charging the same :attr:`budget` under their own names — a
+        private scaler in front of the learner, private operator metrics — so that the ledger's
+        ``spent()`` is the guarantee of everything together (``docs/privacy.md``,
+        *Accounting*).
 
     Examples
     --------
@@ -144,7 +151,8 @@ class OnPairStrC(PairwiseLearner):
         track_regret: bool = True,
         keep_history: bool = False,
         max_buffer_warning: int = 100_000,
-        noise: type | None = None,
+        noise_source: type | None = None,
+        budget_share: float = 1.0,
     ) -> None:
         self.task = task
         self.epsilon = epsilon
@@ -168,7 +176,8 @@ class OnPairStrC(PairwiseLearner):
         self.track_regret = track_regret
         self.keep_history = keep_history
         self.max_buffer_warning = max_buffer_warning
-        self.noise = noise
+        self.noise_source = noise_source
+        self.budget_share = budget_share
         _check_release_params(self)
         self._setup(
             self._alpha_rule(),
@@ -224,34 +233,22 @@ class OnPairStrC(PairwiseLearner):
         else:
             schedule = AnytimeSchedule(self.anytime_p)
         budget = zcdp_budget(self.epsilon, self.delta, self.conversion)
-        budget.accountant.private = self.seed is None and self.noise is None
+        budget.accountant.private = self.seed is None and self.noise_source is None
+        releases = (
+            budget if self.budget_share == 1.0 else budget.slice(self.budget_share, "gaussian")
+        )
         tracker = CertifiedSensitivity(
             c.lipschitz, c.strong_convexity, c.smoothness, self._constraint.diameter,
             shared_members=buffer.kind == "all", distinct=buffer.distinct,
         )  # fmt: skip
         paper = (c.lipschitz, c.strong_convexity) if self.sensitivity == "paper" else None
-        return OutputPerturbation(budget, schedule, tracker, T1, int(self.release_every),
+        return OutputPerturbation(releases, schedule, tracker, T1, int(self.release_every),
                                   self.horizon, paper)  # fmt: skip
 
     @property
     def T1(self) -> int:
         """The warm-up: steps that release data-independent models."""
         return self._state.mechanism.warmup
-
-    @property
-    def budget(self) -> PrivacyBudget:
-        """The zCDP budget every release is charged to (it refuses what would overrun it)."""
-        return self._state.mechanism.budget
-
-    @property
-    def accountant(self):
-        """The ledger of every release and the (ε, δ) spent: ``accountant.spent()``."""
-        return self._state.mechanism.budget.accountant
-
-    @staticmethod
-    def ledger_state(state: dict) -> dict:
-        """The ledger's part of a :meth:`state_dict` (where a journal's path is recorded)."""
-        return state["mechanism"]["budget"]["accountant"]
 
     @property
     def n_releases(self) -> int:
@@ -267,27 +264,6 @@ class OnPairStrC(PairwiseLearner):
         return self._state.mechanism.last_sensitivity
 
     # -- what it says about itself -----------------------------------------------------------------
-    def release_message(self) -> dict:
-        """The fields of a release: never raw records, gradients or the iterate."""
-        w = self._state.ring.latest if self._state.ring is not None else None
-        eps, delta = self.accountant.spent()
-        return {
-            "model_id": self.model_id,
-            "algorithm": type(self).__name__,
-            "task": self.task,
-            "step": self.release_step,
-            "release_index": self.n_releases,
-            "weights": [] if w is None else w.ravel().tolist(),
-            "shape": [] if w is None else list(w.shape),
-            "feature_names": [str(n) for n in (self.feature_names or ())],
-            "rho_spent": self.accountant.rho_spent(),
-            "rho_budget": self.budget.limit,
-            "epsilon_spent": eps,
-            "delta": delta,
-            "exhausted": self.exhausted,
-            "private": self.private,
-        }
-
     def noise_plan(self, steps: list[int] | None = None) -> list[dict]:
         """σ_t, ρ_t and the sensitivity of the releases at ``steps`` (default: the first
         ones), computed without any data.
@@ -371,6 +347,9 @@ def _check_release_params(m: OnPairStrC) -> None:
         raise ValueError(f"sensitivity must be 'certified' or 'paper', got {m.sensitivity!r}")
     if m.warmup is not None and (isinstance(m.warmup, bool) or int(m.warmup) < 1):
         raise ValueError(f"warmup must be None (the paper's T1) or an int >= 1, got {m.warmup!r}")
+    share = m.budget_share
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise ValueError(f"budget_share must be in (0, 1], got {share!r}")
 
 
 class OnPairStrCAUC(OnPairStrC, AUCInterface):

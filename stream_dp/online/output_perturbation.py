@@ -24,8 +24,8 @@ import warnings
 import numpy as np
 
 from stream_dp.huai import huai_sensitivity, is_release_step
-from stream_dp.online.mechanism import Mechanism, register
-from stream_dp.privacy.budget import BudgetExhausted, PrivacyBudget, budget_from_dict
+from stream_dp.online.mechanism import Mechanism, register, restore_budget
+from stream_dp.privacy.budget import BudgetExhausted, BudgetSlice, PrivacyBudget
 from stream_dp.privacy.events import gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
@@ -42,7 +42,7 @@ class OutputPerturbation(Mechanism):
     Parameters
     ----------
     budget
-        The zCDP budget every release is charged to.
+        The zCDP budget every release is charged to (or the learner's slice of it).
     schedule
         The share of the budget of the k-th release.
     tracker
@@ -63,7 +63,7 @@ class OutputPerturbation(Mechanism):
 
     def __init__(
         self,
-        budget: PrivacyBudget,
+        budget: PrivacyBudget | BudgetSlice,
         schedule: Schedule,
         tracker: CertifiedSensitivity,
         warmup: int,
@@ -224,18 +224,7 @@ class OutputPerturbation(Mechanism):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        budget = budget_from_dict(state["budget"])
-        if (budget.limit, budget.epsilon, budget.delta) != (
-            self.budget.limit,
-            self.budget.epsilon,
-            self.budget.delta,
-        ):
-            budget.accountant.storage.close()
-            raise ValueError(
-                f"checkpoint's budget (ε={budget.epsilon}, δ={budget.delta}) is not this "
-                f"learner's (ε={self.budget.epsilon}, δ={self.budget.delta})"
-            )
-        self.budget = budget
+        self.budget = restore_budget(self.budget, state["budget"])
         self.tracker.load_state_dict(state["tracker"])
         self.n_charged = int(state["n_charged"])
         stored = schedule_from_dict(state["schedule"]) if "schedule" in state else None

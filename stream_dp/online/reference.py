@@ -46,9 +46,9 @@ def reference_step(s: LearnerState, x: np.ndarray, y: float) -> bool:
     else:
         eta = s.step_size(t)
         w = s.w
-        if n:
-            g = loss.gradient(w.reshape(shape), x, y, X, Y).reshape(-1)
-            noise = mech.gradient_noise(t)  # correlated-noise mechanisms perturb the gradient
+        noise = mech.gradient_noise(t)  # correlated-noise mechanisms perturb every gradient
+        if n or noise is not None:
+            g = s.gradient(w.reshape(shape), x, y, X, Y).reshape(-1)
             if noise is not None:
                 g = g + noise
             w = constraint.project((w - eta * g).reshape(shape)).reshape(-1)

@@ -42,6 +42,11 @@ class LearnerState:
         Releases kept for the smoothed release.
     eta_alpha
         The α of Huai et al.'s step size ``η_t = 2(t−1)/(αt(t−2))``.
+    eta
+        A constant step size instead (OnPairMF); None for Huai et al.'s.
+    divisor
+        A fixed divisor B of the gradient's sum over the partners, ``(1/B) Σ_{z∈B_t} ∇ℓ``, so
+        that one record's influence is data-independent (OnPairMF); None divides by ``|B_t|``.
     smoothed
         Serve the mean of the release window instead of the latest release.
     track_regret, keep_history
@@ -62,6 +67,8 @@ class LearnerState:
         smoothed: bool,
         track_regret: bool,
         keep_history: bool,
+        eta: float | None = None,
+        divisor: int | None = None,
     ) -> None:
         self.loss = loss
         self.constraint = constraint
@@ -70,6 +77,8 @@ class LearnerState:
         self.noise = noise
         self.window = int(window)
         self.eta_alpha = float(eta_alpha)
+        self.eta = None if eta is None else float(eta)
+        self.divisor = None if divisor is None else int(divisor)
         self.smoothed = bool(smoothed)
         self.track_regret = bool(track_regret)
         self.regret = RegretTracker(keep_history=keep_history)
@@ -97,13 +106,23 @@ class LearnerState:
         self.center = np.zeros(size) if center is None else np.asarray(center).reshape(-1)
 
     def step_size(self, t: int) -> float:
-        """η_t (Huai et al. 2020, Alg. 1)."""
-        return huai_step_size(t, self.eta_alpha)
+        """η_t: Huai et al. (2020, Alg. 1), or the constant step size."""
+        return huai_step_size(t, self.eta_alpha) if self.eta is None else self.eta
+
+    def gradient(self, w: np.ndarray, x: np.ndarray, y: float, X: np.ndarray, Y: np.ndarray):
+        """The step's gradient against the partners ``(X, Y)``: their mean, or their sum over
+        the fixed divisor (zeros without partners)."""
+        if self.divisor is None:
+            return self.loss.gradient(w, x, y, X, Y)
+        if len(Y) == 0:
+            return np.zeros_like(w)
+        c = self.loss.pair_coefficients(y, Y)
+        return self.loss.pair_gradient_sum(w, x - X, c) / self.divisor
 
     def served(self) -> np.ndarray | None:
         """The model predictions use, flat: a release (or the mean of the window); the iterate
         only for a mechanism that publishes nothing (the non-private baseline)."""
-        if not self.mechanism.private:
+        if not self.mechanism.publishes:
             return self.w
         if self.ring is None:
             return None

@@ -29,7 +29,7 @@ from stream_dp.privacy.events import (
     gaussian_rho,
 )
 from stream_dp.privacy.journal import JournalError
-from stream_dp.privacy.ledger import APPROX, GAUSSIAN, Ledger, event_of
+from stream_dp.privacy.ledger import APPROX, GAUSSIAN_CODES, Ledger, event_of
 
 __all__ = [
     "ApproxDPAccountant",
@@ -257,12 +257,14 @@ class ZCDPAccountant(_Accountant):
         return event.rho
 
     def _row_cost(self, code: int, sens: float, scale: float, eps: float, delta: float) -> float:
-        if code == GAUSSIAN:
+        if code in GAUSSIAN_CODES:
             return gaussian_rho(sens, scale)
         return super()._row_cost(code, sens, scale, eps, delta)
 
-    def compose_gaussian(self, step: int, sensitivity: float, sigma: float) -> None:
-        """``compose(GaussianEvent(step, sensitivity, sigma))`` without building the event.
+    def compose_gaussian(
+        self, step: int, sensitivity: float, sigma: float, mechanism: str = "gaussian"
+    ) -> None:
+        """``compose(GaussianEvent(step, sensitivity, sigma, mechanism))`` without the event.
 
         The one-release-per-record path: a new step with valid values is appended directly —
         the same columns, the same cost ``Δ²/(2σ²)`` and the same partials as :meth:`compose`,
@@ -281,8 +283,9 @@ class ZCDPAccountant(_Accountant):
             type(step) is not int
             or step <= self.storage.last_step
             or not (0.0 <= sensitivity < math.inf and sigma > 0.0)
+            or mechanism != "gaussian"
         ):
-            self.compose(GaussianEvent(step=step, sensitivity=sensitivity, sigma=sigma))
+            self.compose(GaussianEvent(step, sensitivity, sigma, mechanism))
             return
         self.storage.append_gaussian(step, sensitivity, sigma)
         cost = gaussian_rho(sensitivity, sigma)

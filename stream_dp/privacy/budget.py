@@ -25,9 +25,11 @@ from stream_dp.privacy.events import ApproxDPEvent, Event, GaussianEvent, gaussi
 
 __all__ = [
     "BudgetExhausted",
+    "BudgetSlice",
     "PrivacyBudget",
     "approx_budget",
     "budget_from_dict",
+    "budget_or_slice_from_dict",
     "pure_budget",
     "zcdp_budget",
 ]
@@ -120,8 +122,11 @@ class PrivacyBudget:
                 raise BudgetExhausted(f"δ budget {self.delta_limit} would be exceeded ({deltas})")
         return acc.compose(event)
 
-    def charge_gaussian(self, step: int, sensitivity: float, sigma: float) -> None:
-        """:meth:`charge` of ``GaussianEvent(step, sensitivity, sigma)`` without building it.
+    def charge_gaussian(
+        self, step: int, sensitivity: float, sigma: float, mechanism: str = "gaussian"
+    ) -> None:
+        """:meth:`charge` of ``GaussianEvent(step, sensitivity, sigma, mechanism)`` without
+        building it.
 
         Far below the limit a float test with a 1e-9 margin decides; near it, the exact test
         does — so it refuses exactly where :meth:`charge` refuses (``tests/test_ledger.py``).
@@ -131,9 +136,13 @@ class PrivacyBudget:
         if not (acc.approximate_total() + cost <= self.limit * _CLEARLY_BELOW) and not (
             acc.total([cost]) <= self.limit
         ):
-            self.charge(GaussianEvent(step=step, sensitivity=sensitivity, sigma=sigma))
+            self.charge(GaussianEvent(step, sensitivity, sigma, mechanism))
             return
-        acc.compose_gaussian(step, sensitivity, sigma)
+        acc.compose_gaussian(step, sensitivity, sigma, mechanism)
+
+    def slice(self, share: float, mechanism: str) -> BudgetSlice:
+        """A ``share`` of this budget for the component charging under ``mechanism``."""
+        return BudgetSlice(self, share, mechanism)
 
     def certain_charges(self, cost: float) -> int:
         """How many further charges of at most ``cost`` each surely fit (factor 2 of slack)."""
@@ -152,6 +161,84 @@ class PrivacyBudget:
 
     def __repr__(self) -> str:
         return f"PrivacyBudget(limit={self.limit:.4g}, ε={self.epsilon}, {self.accountant!r})"
+
+
+class BudgetSlice:
+    """A share of a zCDP budget for one component that charges it under its own mechanism name.
+
+    Several components can spend one budget — a model's releases, a private scaler in front of
+    it, private operator metrics — each within its share: a charge is refused when it would take
+    the component's own total (the costs of the ledger's events under its mechanism name) past
+    ``share·limit``, or the whole budget past its limit. The charges go to the one shared
+    ledger, so ``accountant.spent()`` is the guarantee of everything together.
+
+    Examples
+    --------
+    >>> budget = zcdp_budget(epsilon=4.0, delta=1e-5)
+    >>> scaler = budget.slice(0.1, "gaussian-scaler")
+    >>> scaler.charge(GaussianEvent(1, 1.0, 40.0, "gaussian-scaler")).rho <= scaler.limit
+    True
+    >>> scaler.charge(GaussianEvent(2, 1.0, 1.0, "gaussian-scaler"))
+    Traceback (most recent call last):
+    ...
+    stream_dp.privacy.budget.BudgetExhausted: release at step 2 costs 0.5 but only ...
+
+    """
+
+    def __init__(self, parent: PrivacyBudget, share: float, mechanism: str) -> None:
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"a budget share is in (0, 1], got {share!r}")
+        if not isinstance(parent.accountant, ZCDPAccountant):
+            raise TypeError("only a zCDP budget can be shared between components")
+        self.parent = parent
+        self.share = float(share)
+        self.mechanism = mechanism
+        self.limit = parent.limit * self.share
+        self.epsilon, self.delta = parent.epsilon, parent.delta
+        self._own = ZCDPAccountant(parent.delta)  # this component's costs, for its share only
+        for event in parent.accountant.ledger:
+            if event.mechanism == mechanism:
+                self._own.compose(event)
+
+    @property
+    def accountant(self) -> ZCDPAccountant:
+        """The shared ledger."""
+        return self.parent.accountant
+
+    def remaining(self) -> float:
+        return max(min(self.limit - self._own.total(), self.parent.remaining()), 0.0)
+
+    def can_afford(self, cost: float) -> bool:
+        return self._own.total([cost]) <= self.limit and self.parent.can_afford(cost)
+
+    def charge(self, event: Event) -> Event:
+        if event.mechanism != self.mechanism:
+            raise ValueError(f"this share charges {self.mechanism!r}, not {event.mechanism!r}")
+        previous = self.accountant.replayed(event)
+        if previous is not None:
+            return previous
+        cost = self.accountant.cost(event)
+        if not self._own.total([cost]) <= self.limit:
+            raise BudgetExhausted(
+                f"release at step {event.step} costs {cost:.3g} but only "
+                f"{self.remaining():.3g} of this component's share remains"
+            )
+        charged = self.parent.charge(event)
+        self._own.compose(event)
+        return charged
+
+    def charge_gaussian(
+        self, step: int, sensitivity: float, sigma: float, mechanism: str | None = None
+    ) -> None:
+        self.charge(GaussianEvent(step, sensitivity, sigma, mechanism or self.mechanism))
+
+    def certain_charges(self, cost: float) -> int:
+        if not cost > 0:
+            return 0
+        return int(self.remaining() / (2.0 * cost))
+
+    def to_dict(self) -> dict:
+        return {"share": self.share, "mechanism": self.mechanism, "parent": self.parent.to_dict()}
 
 
 def zcdp_budget(epsilon: float, delta: float, conversion: Conversion = "tight") -> PrivacyBudget:
@@ -213,3 +300,10 @@ def budget_from_dict(d: dict) -> PrivacyBudget:
         acc.storage.close()
         raise ValueError("the stored ledger exceeds its own budget: refusing to load it")
     return budget
+
+
+def budget_or_slice_from_dict(d: dict) -> PrivacyBudget | BudgetSlice:
+    """:func:`budget_from_dict`, or a :class:`BudgetSlice` of the budget stored with it."""
+    if "parent" in d:
+        return budget_from_dict(d["parent"]).slice(d["share"], d["mechanism"])
+    return budget_from_dict(d)

@@ -17,9 +17,20 @@ __all__ = [
     "Event",
     "GaussianEvent",
     "LaplaceEvent",
+    "GAUSSIAN_MECHANISMS",
     "NeighbouringRelation",
     "gaussian_rho",
 ]
+
+#: The names a Gaussian release may be charged under: one per component that can share a
+#: budget (a model's releases, its correlated gradient noise, a private scaler, private operator
+#: metrics), so that the ledger tells their charges apart and each step can carry one of each.
+GAUSSIAN_MECHANISMS = (
+    "gaussian",
+    "gaussian-correlated",
+    "gaussian-scaler",
+    "gaussian-metrics",
+)
 
 
 class NeighbouringRelation(enum.Enum):
@@ -72,6 +83,9 @@ class GaussianEvent:
             raise ValueError(f"sensitivity must be finite and >= 0, got {self.sensitivity!r}")
         if not self.sigma > 0:
             raise ValueError(f"sigma must be > 0, got {self.sigma!r}")
+        if self.mechanism not in GAUSSIAN_MECHANISMS:
+            raise ValueError(f"a Gaussian mechanism is one of {GAUSSIAN_MECHANISMS}, got "
+                             f"{self.mechanism!r}")  # fmt: skip
 
     @property
     def rho(self) -> float:

@@ -24,16 +24,35 @@ from collections.abc import Iterator
 import numpy as np
 
 from stream_dp.privacy._chunks import CHUNK, Chunk
-from stream_dp.privacy.events import ApproxDPEvent, Event, GaussianEvent, LaplaceEvent
+from stream_dp.privacy.events import (
+    GAUSSIAN_MECHANISMS,
+    ApproxDPEvent,
+    Event,
+    GaussianEvent,
+    LaplaceEvent,
+)
 from stream_dp.privacy.journal import Journal, JournalError
 
 __all__ = ["Ledger", "MECHANISM_CODES", "Row"]
 
 #: Mechanism names of the events and their codes in the stored columns.
-MECHANISM_CODES = {"gaussian": 0, "laplace": 1, "gaussian-approx": 2}
+MECHANISM_CODES = {
+    "gaussian": 0,
+    "laplace": 1,
+    "gaussian-approx": 2,
+    "gaussian-correlated": 3,
+    "gaussian-scaler": 4,
+    "gaussian-metrics": 5,
+}
 _NAMES = {v: k for k, v in MECHANISM_CODES.items()}
 GAUSSIAN, LAPLACE, APPROX = 0, 1, 2
-_KIND_CODES = {GaussianEvent: GAUSSIAN, LaplaceEvent: LAPLACE, ApproxDPEvent: APPROX}
+#: The codes of every Gaussian mechanism name (their rows are GaussianEvents).
+GAUSSIAN_CODES = frozenset(MECHANISM_CODES[name] for name in GAUSSIAN_MECHANISMS)
+_KIND_CODES = {
+    GaussianEvent: sorted(GAUSSIAN_CODES),
+    LaplaceEvent: [LAPLACE],
+    ApproxDPEvent: [APPROX],
+}
 _NAN = math.nan
 NO_CHARGE = -math.inf  # below every step: "nothing charged yet" for the order check
 
@@ -44,8 +63,8 @@ Row = tuple[int, int, float, float, float, float]
 
 def event_of(step: int, code: int, sens: float, scale: float, eps: float, delta: float) -> Event:
     """The event a stored row records."""
-    if code == GAUSSIAN:
-        return GaussianEvent(step=step, sensitivity=sens, sigma=scale)
+    if code in GAUSSIAN_CODES:
+        return GaussianEvent(step=step, sensitivity=sens, sigma=scale, mechanism=_NAMES[code])
     if code == LAPLACE:
         return LaplaceEvent(step=step, sensitivity=sens, scale=scale)
     return ApproxDPEvent(step=step, sensitivity=sens, scale=scale, epsilon=eps, delta=delta)
@@ -120,10 +139,10 @@ class Ledger:
         if len(self._steps) == CHUNK:
             self._seal()
 
-    def append_gaussian(self, step: int, sensitivity: float, sigma: float) -> None:
-        """:meth:`append` of ``GaussianEvent(step, sensitivity, sigma)`` without building it."""
+    def append_gaussian(self, step: int, sensitivity: float, sigma: float, code: int = 0) -> None:
+        """:meth:`append` of a Gaussian event (mechanism ``code``) without building it."""
         self._steps.append(step)
-        self._mech.append(GAUSSIAN)
+        self._mech.append(code)
         self._sens.append(sensitivity)
         self._scale.append(sigma)
         self.last_step = step
@@ -236,7 +255,7 @@ class Ledger:
             raise ValueError("stored ledger columns differ in length")
         if not n:
             return None
-        codes = [_KIND_CODES[k] for k in allowed]
+        codes = [c for k in allowed for c in _KIND_CODES[k]]
         if not np.isin(raw_mech, codes).all():
             raise ValueError("stored ledger holds mechanisms its accountant cannot compose")
         mech = raw_mech.astype(np.int8)

@@ -37,7 +37,10 @@ from stream_dp.privacy.factorizations import (
 from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
 from stream_dp.privacy.noise import KeyedNoise
 
-__all__ = ["MFMechanism", "make_factorization", "NOISES"]
+__all__ = ["MECHANISM_NAME", "MFMechanism", "make_factorization", "NOISES"]
+
+#: The ledger's name for the one charge of a stream's correlated gradient noise.
+MECHANISM_NAME = "gaussian-correlated"
 
 #: The factorizations a learner can stream with (``noise=``); the first is the default.
 NOISES = ("blt", "tree", "independent", "sqrt-toeplitz")
@@ -118,10 +121,13 @@ class MFMechanism:
         return self.sigma > 0
 
     def event(self, step: int) -> GaussianEvent:
-        """The ledger event: one Gaussian mechanism with (Δ, σ), charged at ``step``."""
+        """The ledger event: one Gaussian mechanism with (Δ, σ), charged at ``step`` under the
+        ledger's name for correlated noise (:data:`MECHANISM_NAME`)."""
         if not self.private:
             raise ValueError("a noise-free run has nothing to charge")
-        return GaussianEvent(step=int(step), sensitivity=self.sensitivity, sigma=self.sigma)
+        return GaussianEvent(
+            step=int(step), sensitivity=self.sensitivity, sigma=self.sigma, mechanism=MECHANISM_NAME
+        )
 
     def noise(self, keyed: KeyedNoise) -> CorrelatedNoise:
         """The streaming standard rows ``(M·Z)_t`` (scale them by :attr:`sigma`)."""
