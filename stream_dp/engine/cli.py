@@ -11,7 +11,8 @@ Exit codes:
 * 0 -- done (input ended, --max-records reached, or stopped by SIGTERM/Ctrl-C);
 * 1 -- unexpected error (the traceback only with --debug);
 * 2 -- invalid configuration: a field, no declared schema (``model.features``), model
-  settings, or releases too large for the release sink;
+  settings, releases too large for the release sink, or (per-partition scale-out) no master
+  secret;
 * 3 -- refused because of the model's state: the state directory is in use by another engine,
   the checkpoint is missing, damaged, older than what was published or of another run, or
   another run of the model has published;
@@ -170,18 +171,41 @@ def dry_run(config) -> str:
 def _codes() -> dict[type[BaseException], int]:
     from stream_dp.checkpoint import CheckpointError
     from stream_dp.engine.config import ConfigError
+    from stream_dp.engine.master_secret import MasterSecretError
     from stream_dp.engine.preflight import ReleaseTooLarge
     from stream_dp.engine.runner import EngineError
     from stream_dp.privacy.accountant import JournalError
 
     return {
         ConfigError: 2,
+        MasterSecretError: 2,
         ReleaseTooLarge: 2,
         EngineError: 3,  # refined by exit_code below
         CheckpointError: 3,
         JournalError: 3,
         OSError: 3,
     }
+
+
+def _run_scaleout(config, args: argparse.Namespace) -> int:
+    """One instance of a per-partition model; refuses to start without the master secret."""
+    from stream_dp.engine.master_secret import load_master_secret
+    from stream_dp.engine.runner import EngineError
+    from stream_dp.engine.scaleout import ScaleOut
+
+    scale = config.scale
+    secret = load_master_secret(scale.master_secret_file, scale.master_secret_env)
+    try:
+        status = ScaleOut(
+            config, master_secret=secret, fresh=args.fresh, max_records=args.max_records
+        ).run()
+    except EngineError as exc:
+        if getattr(args, "debug", False):
+            raise
+        print(f"stream-dp run: {' '.join(str(exc).split())}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps({k: status[k] for k in ("records", "composition", "rho", "epsilon_spent")}))
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -194,6 +218,8 @@ def main(args: argparse.Namespace) -> int:
         from stream_dp.engine.runner import Engine, EngineError
 
         config = load_config(args.config)
+        if config.scale.mode == "per-partition" and not args.dry_run:
+            return _run_scaleout(config, args)
         try:
             if args.dry_run:
                 print(dry_run(config))

@@ -183,6 +183,11 @@ class Engine:
         Override the configured source and sinks (tests, embedding).
     max_records
         Stop after this many input messages (then commit and return).
+    secret
+        The learner's noise secret, derived from a master secret by the caller
+        (:mod:`stream_dp.engine.master_secret`). The checkpoints then hold only its
+        fingerprint -- never the secret -- and a checkpoint written under another secret is
+        refused. Default: the learner draws its own and keeps it in the checkpoint.
 
     Examples
     --------
@@ -212,6 +217,7 @@ class Engine:
         releases=None,
         dead_letters=None,
         max_records: int | None = None,
+        secret: int | None = None,
     ) -> None:
         if config.model.features is None:
             raise ValueError("the engine needs a declared schema (model.features)")
@@ -219,6 +225,9 @@ class Engine:
         self.fresh = fresh
         self.max_records = max_records
         self.learner = build_learner(config)
+        self._secret = secret
+        if secret is not None:
+            self._use_secret(secret)
         self.state = StateDir(config.checkpoint.path)
         self._features = tuple(config.model.features)
         self._known = frozenset(self._features)
@@ -239,6 +248,17 @@ class Engine:
         self._outage_logged: float | None = None
         self.status_writer = StatusWriter(config.status.file, config.status.operator_raw_metrics)
         self.ckpt_path = self.state.checkpoint
+
+    def _use_secret(self, secret: int) -> None:
+        """Hand the learner its secret through its public checkpoint surface.
+
+        A learner refuses an explicit ``seed`` unless the run is declared non-private (a
+        guessable integer); a secret derived from a 128-bit master is not guessable, and
+        restoring a state with it is how a resumed learner gets its secret anyway.
+        """
+        state = self.learner.state_dict()
+        state["secret"] = int(secret)
+        self.learner.load_state_dict(state)
 
     # -- wiring ------------------------------------------------------------------------------
     @property
@@ -271,6 +291,7 @@ class Engine:
         }
 
     def _open(self) -> None:
+        from connectors.partition import PartitionSource
         from connectors.sources import KafkaSource
 
         cfg = self.config
@@ -311,7 +332,9 @@ class Engine:
                 },
                 **topic_cfg.security,
             )
-        kafka_source = self._source if isinstance(self._source, KafkaSource) else None
+        kafka_source = (
+            self._source if isinstance(self._source, KafkaSource | PartitionSource) else None
+        )
         self.outputs = Outputs(
             sinks,
             publisher=publisher,
@@ -456,6 +479,16 @@ class Engine:
             params=self.learner._get_params(),
         )
         self.cycle.resume(c.meta)
+        if self._secret is not None:
+            from stream_dp.engine.master_secret import secret_fingerprint
+
+            if c.meta.get("secret_fingerprint") != secret_fingerprint(self._secret):
+                raise StateError(
+                    f"checkpoint {state.checkpoint} of model {cfg.model.model_id!r} was written "
+                    "under another master secret: resuming would publish replayed steps with "
+                    "other noise. Start every instance with the same master secret"
+                )
+            c.learner_state["secret"] = self._secret
         acc_state = self.learner.ledger_state(c.learner_state)
         if "journal" in acc_state:  # it lives beside the checkpoint, wherever that moved
             acc_state["journal"] = {**acc_state["journal"], "path": str(state.journal)}
@@ -522,13 +555,20 @@ class Engine:
     # -- the commit cycle --------------------------------------------------------------------
     def _learner_state(self) -> dict:
         state = self.learner.state_dict()
+        if self._secret is not None:
+            state["secret"] = None  # derived from the master secret; never at rest
         acc = self.learner.ledger_state(state)
         if "journal" in acc:  # named relative to the checkpoint, so the directory can move
             acc["journal"] = {**acc["journal"], "path": self.state.journal.name}
         return state
 
     def _meta(self) -> dict:
-        return {"stats": self.stats.to_dict(), "dead_counts": dict(self.dead_counts)}
+        meta = {"stats": self.stats.to_dict(), "dead_counts": dict(self.dead_counts)}
+        if self._secret is not None:
+            from stream_dp.engine.master_secret import secret_fingerprint
+
+            meta["secret_fingerprint"] = secret_fingerprint(self._secret)
+        return meta
 
     def _save(self, positions: dict) -> None:
         try:
@@ -627,9 +667,6 @@ class Engine:
 
     def run(self) -> EngineStats:
         """Process the source until it ends, ``max_records`` is reached or :meth:`stop`."""
-        from connectors.admin import KafkaProblem
-        from stream_dp.engine.preflight import check_kafka, release_size
-
         try:
             self.state.acquire()
         except StateLocked as err:
@@ -638,24 +675,9 @@ class Engine:
             raise StateError(f"cannot use state directory {self.state.dir}: {err}") from None
         handlers = self._install_signals()
         try:
-            self.state.remove_temporaries()
-            release_bytes, _ = release_size(self.config)
-            kafka = self._kafka_parts()
-            if any(kafka.values()):
-                try:
-                    check_kafka(self._checked_config(kafka), release_bytes)
-                except KafkaProblem as err:
-                    raise KafkaUnavailable(str(err)) from None
-            self._open()
-            positions = self._restore()
-            self._source.seek(positions)
-            self._recover()
+            self._start()
             self._loop()
-            try:
-                self.commit()
-            except _Interrupted:
-                self._report_interrupted()
-            self._report_status(time.monotonic())
+            self.finish()
         except _Interrupted:
             self._report_interrupted()
         except KafkaUnavailable:
@@ -665,18 +687,85 @@ class Engine:
             raise StateError(str(err)) from None
         finally:
             self._restore_signals(handlers)
-            self.learner.accountant.storage.close()  # flushes and unlocks a journal
-            if self.cycle is not None:
-                self.cycle.abandon()
-            if self.outputs is not None:
-                self.outputs.close()
-            if self._source is not None:
-                try:
-                    self._source.close()
-                except Exception:  # noqa: BLE001 - closing must not mask the real error
-                    log.exception("error while closing the source")
-            self.state.release()
+            self.close()
         return self.stats
+
+    def start(self) -> None:
+        """Lock the state directory and start up (steps 1-4 above); pair with :meth:`close`.
+
+        For drivers that feed the engine themselves (:meth:`process`), such as the
+        per-partition scale-out; :meth:`run` does all of it.
+        """
+        try:
+            self.state.acquire()
+        except StateLocked as err:
+            raise StateError(str(err)) from None
+        except OSError as err:
+            raise StateError(f"cannot use state directory {self.state.dir}: {err}") from None
+        try:
+            self._start()
+        except RunRefused as err:
+            raise StateError(str(err)) from None
+
+    def _start(self) -> None:
+        from connectors.admin import KafkaProblem
+        from stream_dp.engine.preflight import check_kafka, release_size
+
+        self.state.remove_temporaries()
+        release_bytes, _ = release_size(self.config)
+        kafka = self._kafka_parts()
+        if any(kafka.values()):
+            try:
+                check_kafka(self._checked_config(kafka), release_bytes)
+            except KafkaProblem as err:
+                raise KafkaUnavailable(str(err)) from None
+        self._open()
+        positions = self._restore()
+        self._source.seek(positions)
+        self._recover()
+
+    def process(self, batch: list, *, idle: bool = False) -> None:
+        """Learn one polled batch and end the cycle when it is due (background publication).
+
+        ``idle``: the input has nothing more for now, so the cycle ends (its releases become
+        visible) even before ``checkpoint.every_records`` or ``every_seconds``.
+        """
+        for msg in batch:
+            self._handle(msg)
+        self._since_commit += len(batch)
+        if batch:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = time.time()
+        if self._cycle_due(idle=idle):
+            self.commit(background=True)
+        else:
+            self._fenced_as_engine_error(self.cycle.settle_if_done)
+
+    def finish(self) -> None:
+        """End the last cycle (checkpoint and publish, waiting for it) and report the status."""
+        try:
+            self.commit()
+        except _Interrupted:
+            self._report_interrupted()
+        self._report_status(time.monotonic())
+
+    def close(self) -> None:
+        """Close the ledger, outputs and source and unlock the state directory; never raises."""
+        try:
+            self.learner.accountant.storage.close()  # flushes and unlocks a journal
+        except Exception:  # noqa: BLE001 - closing must not mask the real error
+            log.exception("error while closing the ledger")
+        if self.cycle is not None:
+            self.cycle.abandon()
+        if self.outputs is not None:
+            self.outputs.close()
+        if self._source is not None:
+            try:
+                self._source.close()
+            except Exception:  # noqa: BLE001 - closing must not mask the real error
+                log.exception("error while closing the source")
+        self.state.release()
 
     def _checked_config(self, kafka: dict[str, bool]) -> EngineConfig:
         """The config with the parts the caller overrode replaced by non-Kafka stand-ins."""
@@ -722,17 +811,7 @@ class Engine:
             batch = source.poll(max_records=want, timeout_s=0.5)
             if batch is None:
                 break
-            for msg in batch:
-                self._handle(msg)
-            self._since_commit += len(batch)
-            if batch:
-                self._idle_since = None
-            elif self._idle_since is None:
-                self._idle_since = time.time()
-            if self._cycle_due(idle=not batch):
-                self.commit(background=True)
-            else:
-                self._fenced_as_engine_error(self.cycle.settle_if_done)
+            self.process(batch, idle=not batch)
             now = time.monotonic()
             if now - self._status_clock >= self.config.status.interval_seconds:
                 self._report_status(now)

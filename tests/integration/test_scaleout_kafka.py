@@ -1,0 +1,189 @@
+"""Per-partition scale-out against a real broker: instances come, go and die; nothing is lost.
+
+Two instances of one model share a 4-partition input (20,000 records keyed by a record id)
+and a state directory; one is SIGKILLed mid-run and the survivor takes its partitions over
+after the group's session timeout; a third instance started afterwards takes partitions from
+the survivor in a rebalance. Every step of every partition learner is published, no step with
+two different contents, no record learned twice, and each partition's ledger equals an
+uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from connectors import KafkaSink
+from stream_dp.checkpoint import load_checkpoint
+from stream_dp.engine.config import EngineConfig
+from stream_dp.engine.scaleout import ScaleOut
+from stream_dp.online import OnPairStrC
+from stream_dp.privacy import accountant_from_dict
+
+from .kafka_broker import KafkaBroker
+from .test_engine_kafka import (
+    _status,
+    _write_toml,
+    create_topic,
+    engine_config,
+    names_for,
+    read_all,
+    valid_record,
+)
+
+pytestmark = pytest.mark.kafka
+
+MASTER = "5e" * 32
+PARTITIONS = 4
+SESSION_MS = 6000
+
+
+def _config(tmp: Path, bootstrap: str, names: dict, instance: str) -> dict:
+    cfg = engine_config(tmp, bootstrap, names, seed=None)
+    cfg["source"]["max_idle_seconds"] = 8.0
+    cfg["checkpoint"].update(every_records=500, every_seconds=2.0)
+    cfg["status"]["file"] = str(tmp / f"status-{instance}.json")
+    cfg["scale"] = {
+        "mode": "per-partition",
+        "privacy_unit_key": True,
+        "session_timeout_ms": SESSION_MS,
+    }
+    return cfg
+
+
+def _start(tmp: Path, cfg: dict, instance: str) -> subprocess.Popen:
+    path = tmp / f"engine-{instance}.toml"
+    _write_toml(path, cfg)
+    return subprocess.Popen(
+        [sys.executable, "-m", "stream_dp.cli", "run", "--config", str(path)],
+        stdout=(tmp / f"engine-{instance}.log").open("ab"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "STREAM_DP_MASTER_SECRET": MASTER},
+    )
+
+
+def _wait(status: Path, ok, proc: subprocess.Popen, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"instance exited early with {proc.returncode}")
+        s = _status(status)
+        if s and ok(s):
+            return s
+        time.sleep(0.05)  # polling interval of a bounded wait
+    raise AssertionError(f"status {status.name} did not reach the condition in {timeout} s")
+
+
+def _partition_sizes(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        tps = [TopicPartition(topic, k) for k in range(PARTITIONS)]
+        return {tp.partition: n for tp, n in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def _ledger(state: Path, model: str, k: int):
+    ckpt = load_checkpoint(state / f"p{k}" / "model.ckpt", model_id=f"{model}/p{k}")
+    return ckpt, accountant_from_dict(OnPairStrC.ledger_state(ckpt.learner_state))
+
+
+def test_two_instances_one_killed_then_a_third_joins(
+    kafka_broker: KafkaBroker, unique_name, tmp_path
+):
+    bootstrap = kafka_broker.bootstrap
+    names = names_for(unique_name)
+    create_topic(bootstrap, names["input"], partitions=PARTITIONS)
+    n, rate = 20_000, 700.0
+    stop_producing = threading.Event()
+
+    def live() -> None:
+        with KafkaSink(names["input"], bootstrap) as sink:
+            start = time.monotonic()
+            for i in range(n):
+                sink.send(f"record-{i}", json.dumps(valid_record(i)).encode())
+                ahead = start + (i + 1) / rate - time.monotonic()
+                if ahead > 0 and stop_producing.wait(ahead):
+                    return
+            sink.flush()
+
+    producer = threading.Thread(target=live, daemon=True)
+    cfgs = {i: _config(tmp_path, bootstrap, names, i) for i in "ABC"}
+    status = {i: Path(cfgs[i]["status"]["file"]) for i in "ABC"}
+    procs: dict[str, subprocess.Popen] = {}
+    producer.start()
+    try:
+        procs["A"] = _start(tmp_path, cfgs["A"], "A")
+        procs["B"] = _start(tmp_path, cfgs["B"], "B")
+        # Both hold partitions and A has learned some: kill it mid-run.
+        _wait(status["B"], lambda s: len(s["partitions"]) >= 1, procs["B"], 120)
+        _wait(status["A"], lambda s: len(s["partitions"]) >= 1 and s["records"] > 1500,
+              procs["A"], 120)  # fmt: skip
+        os.kill(procs["A"].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert procs["A"].wait(timeout=30) == -signal.SIGKILL
+        _wait(status["B"], lambda s: s["partitions"] == list(range(PARTITIONS)), procs["B"],
+              timeout=4 * SESSION_MS / 1000 + 30)  # fmt: skip
+        takeover = time.monotonic() - killed
+        # A third instance mid-run: B hands partitions over in a rebalance.
+        procs["C"] = _start(tmp_path, cfgs["C"], "C")
+        _wait(status["C"], lambda s: len(s["partitions"]) >= 1 and s["records"] > 0,
+              procs["C"], 120)  # fmt: skip
+        producer.join(timeout=120)
+        assert not producer.is_alive()
+        for i in "BC":
+            assert procs[i].wait(timeout=300) == 0, (tmp_path / f"engine-{i}.log").read_text()[
+                -3000:
+            ]
+    finally:
+        stop_producing.set()
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    print(f"\ntake-over after SIGKILL: {takeover:.1f} s (session timeout {SESSION_MS / 1000} s)")
+    assert takeover <= 2 * SESSION_MS / 1000 + 10
+
+    sizes = _partition_sizes(bootstrap, names["input"])
+    assert sum(sizes.values()) == n and all(sizes.values())
+    model, state = names["model"], tmp_path / "state"
+    everything = read_all(bootstrap, names["releases"])  # aborted transactions included
+    contents: dict[tuple[str, int], set[bytes]] = {}
+    for value in everything:
+        msg = json.loads(value)
+        body = {k: v for k, v in msg.items() if k != "time"}
+        contents.setdefault((msg["model_id"], msg["step"]), set()).add(
+            json.dumps(body, sort_keys=True).encode()
+        )
+    twice = [key for key, c in contents.items() if len(c) > 1]
+    assert not twice, f"{len(twice)} steps published with different contents: {twice[:5]}"
+    committed = [json.loads(v) for v in read_all(bootstrap, names["releases"], committed=True)]
+    for k in range(PARTITIONS):
+        steps = [m["step"] for m in committed if m["model_id"] == f"{model}/p{k}"]
+        assert steps == list(range(1, sizes[k] + 1)), f"partition {k}: each step once, in order"
+        ckpt, _ = _ledger(state, model, k)
+        assert ckpt.learner_state["t"] == sizes[k], f"partition {k}: every record learned once"
+        assert ckpt.learner_state["secret"] is None, "the secret is never in a checkpoint"
+
+    # Each partition's ledger equals an uninterrupted run's over the same partition.
+    ref_names = {**names, "group": unique_name("group"), "model": model + "-ref",
+                 "releases": unique_name("releases"), "dead": unique_name("dead")}  # fmt: skip
+    ref_cfg = _config(tmp_path / "ref", bootstrap, ref_names, "ref")
+    ref_cfg["source"]["max_idle_seconds"] = 4.0
+    reference = ScaleOut(EngineConfig.model_validate(ref_cfg), master_secret=int(MASTER, 16) ^ 1)
+    reference.run()
+    for k in range(PARTITIONS):
+        _, ledger = _ledger(state, model, k)
+        ref_ckpt, ref_ledger = _ledger(tmp_path / "ref" / "state", model + "-ref", k)
+        assert ref_ckpt.learner_state["t"] == sizes[k]
+        assert ledger.ledger == ref_ledger.ledger
+        assert ledger.rho_spent() == ref_ledger.rho_spent()
