@@ -165,7 +165,27 @@ def dry_run(config) -> str:
         lines.append(
             f"{p['step']:>10} {p['sensitivity']:>12.4g} {p['sigma']:>12.4g} {p['rho']:>15.4g}"
         )
+    if config.scale.mode == "per-partition":
+        lines += ["", *_scale_plan(config, learner.budget.limit)]
     return "\n".join(lines)
+
+
+def _scale_plan(config, rho: float) -> list[str]:
+    """A person's guarantee over K partition learners: both compositions, and which holds."""
+    from stream_dp.privacy.conversions import epsilon_from_rho
+
+    m, keyed = config.model, config.scale.privacy_unit_key
+    lines = [
+        f"per-partition: one learner per input partition ({m.model_id}/p<k>), each within "
+        f"ε={m.epsilon}, δ={m.delta} (ρ={rho:.6g})",
+        f"  parallel composition (records keyed by the person): ε={m.epsilon:.4g} for any K"
+        + ("   <- holds (scale.privacy_unit_key = true)" if keyed else ""),
+        "  sum over K partitions (a person may be in all of them):"
+        + ("" if keyed else "   <- holds (scale.privacy_unit_key = false)"),
+    ]
+    for k in (2, 4, 8, 16):
+        lines.append(f"    K={k:<3} ε={epsilon_from_rho(k * rho, m.delta, m.conversion):.4g}")
+    return lines
 
 
 def _codes() -> dict[type[BaseException], int]:

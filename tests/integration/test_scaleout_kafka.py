@@ -49,7 +49,7 @@ SESSION_MS = 6000
 
 def _config(tmp: Path, bootstrap: str, names: dict, instance: str) -> dict:
     cfg = engine_config(tmp, bootstrap, names, seed=None)
-    cfg["source"]["max_idle_seconds"] = 8.0
+    cfg["source"]["max_idle_seconds"] = 15.0
     cfg["checkpoint"].update(every_records=500, every_seconds=2.0)
     cfg["status"]["file"] = str(tmp / f"status-{instance}.json")
     cfg["scale"] = {
@@ -103,59 +103,70 @@ def test_two_instances_one_killed_then_a_third_joins(
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
     create_topic(bootstrap, names["input"], partitions=PARTITIONS)
-    n, rate = 20_000, 700.0
-    stop_producing = threading.Event()
+    n, first, rate = 20_000, 8_000, 1000.0
+    values = [json.dumps(valid_record(i)).encode() for i in range(n)]
 
-    def live() -> None:
+    def produce(lo: int, hi: int, stop: threading.Event | None = None) -> None:
         with KafkaSink(names["input"], bootstrap) as sink:
             start = time.monotonic()
-            for i in range(n):
-                sink.send(f"record-{i}", json.dumps(valid_record(i)).encode())
-                ahead = start + (i + 1) / rate - time.monotonic()
-                if ahead > 0 and stop_producing.wait(ahead):
+            for i in range(lo, hi):
+                sink.send(f"record-{i}", values[i])  # keyed by a record id
+                ahead = start + (i - lo + 1) / rate - time.monotonic()
+                if stop is not None and ahead > 0 and stop.wait(ahead):
                     return
             sink.flush()
 
-    producer = threading.Thread(target=live, daemon=True)
     cfgs = {i: _config(tmp_path, bootstrap, names, i) for i in "ABC"}
     status = {i: Path(cfgs[i]["status"]["file"]) for i in "ABC"}
     procs: dict[str, subprocess.Popen] = {}
-    producer.start()
+    stop_producing = threading.Event()
+    live = threading.Thread(target=produce, args=(first, n, stop_producing), daemon=True)
+    produce(0, first)
     try:
         procs["A"] = _start(tmp_path, cfgs["A"], "A")
         procs["B"] = _start(tmp_path, cfgs["B"], "B")
         # Both hold partitions and A has learned some: kill it mid-run.
         _wait(status["B"], lambda s: len(s["partitions"]) >= 1, procs["B"], 120)
-        _wait(status["A"], lambda s: len(s["partitions"]) >= 1 and s["records"] > 1500,
-              procs["A"], 120)  # fmt: skip
+        held_by_a = _wait(status["A"], lambda s: len(s["partitions"]) >= 1 and s["records"] > 1500,
+                          procs["A"], 120)["partitions"]  # fmt: skip
         os.kill(procs["A"].pid, signal.SIGKILL)
         killed = time.monotonic()
         assert procs["A"].wait(timeout=30) == -signal.SIGKILL
         _wait(status["B"], lambda s: s["partitions"] == list(range(PARTITIONS)), procs["B"],
               timeout=4 * SESSION_MS / 1000 + 30)  # fmt: skip
         takeover = time.monotonic() - killed
-        # A third instance mid-run: B hands partitions over in a rebalance.
+        # Live input, and a third instance joins: B hands partitions over in a rebalance.
+        live.start()
         procs["C"] = _start(tmp_path, cfgs["C"], "C")
-        _wait(status["C"], lambda s: len(s["partitions"]) >= 1 and s["records"] > 0,
-              procs["C"], 120)  # fmt: skip
-        producer.join(timeout=120)
-        assert not producer.is_alive()
+        held_by_c = _wait(status["C"], lambda s: len(s["partitions"]) >= 1, procs["C"],
+                          120)["partitions"]  # fmt: skip
+        live.join(timeout=120)
+        assert not live.is_alive()
         for i in "BC":
-            assert procs[i].wait(timeout=300) == 0, (tmp_path / f"engine-{i}.log").read_text()[
-                -3000:
-            ]
+            log = (tmp_path / f"engine-{i}.log").read_text
+            assert procs[i].wait(timeout=300) == 0, log()[-3000:]
     finally:
         stop_producing.set()
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
+    learned_by_c = json.loads((tmp_path / "engine-C.log").read_text().splitlines()[-1])
+    assert learned_by_c["records"] > 0, "the third instance learned part of the live input"
     print(f"\ntake-over after SIGKILL: {takeover:.1f} s (session timeout {SESSION_MS / 1000} s)")
     assert takeover <= 2 * SESSION_MS / 1000 + 10
 
+    # The survivor resumed the killed instance's learners from their checkpoints, and the
+    # third instance resumed those it took from the survivor.
+    model = names["model"]
+    for instance, taken in (("B", held_by_a), ("C", held_by_c)):
+        text = (tmp_path / f"engine-{instance}.log").read_text()
+        for k in taken:
+            assert f"resumed model {model}/p{k}," in text, (instance, k)
+
     sizes = _partition_sizes(bootstrap, names["input"])
     assert sum(sizes.values()) == n and all(sizes.values())
-    model, state = names["model"], tmp_path / "state"
+    state = tmp_path / "state"
     everything = read_all(bootstrap, names["releases"])  # aborted transactions included
     contents: dict[tuple[str, int], set[bytes]] = {}
     for value in everything:
