@@ -35,6 +35,7 @@ from stream_dp.checkpoint import save_checkpoint
 from stream_dp.engine.state import Published, StateDir
 
 __all__ = [
+    "CHECKPOINTS",
     "DEAD_LETTERS",
     "RELEASES",
     "CommitCycle",
@@ -48,6 +49,8 @@ log = logging.getLogger("stream_dp.engine")
 
 RELEASES = "releases"
 DEAD_LETTERS = "dead_letters"
+#: The checkpoint that holds a cycle, published with it when a checkpoint topic is configured.
+CHECKPOINTS = "checkpoints"
 
 
 @dataclass
@@ -388,11 +391,24 @@ class CommitCycle:
         self.save(learner_state, positions, meta)
         self.unpublished = True
 
+    def _with_checkpoint(self, messages: list) -> list:
+        """The cycle's messages, and its checkpoint's bytes if the outputs take checkpoints.
+
+        Published in the cycle's transaction, the checkpoint in the topic is always the one of
+        the last published cycle, so a resume from it needs to publish nothing again.
+        """
+        if CHECKPOINTS not in self.outputs.sinks:
+            return messages
+        return [*messages, (CHECKPOINTS, self.model_id, self.state.checkpoint.read_bytes())]
+
     def publish(self, positions: dict, **hooks: Callable) -> None:
         """Publish the current cycle's outbox and record it; the outbox is then empty."""
         self.settle(**hooks)
         self.outputs.publish(
-            self.outbox.messages, positions, Published(self.run_id, self.seq), **hooks
+            self._with_checkpoint(self.outbox.messages),
+            positions,
+            Published(self.run_id, self.seq),
+            **hooks,
         )
         self.outbox.clear()
         self._published(positions)
@@ -411,7 +427,7 @@ class CommitCycle:
         the checkpoint's cycle or the one before, as :meth:`recover` expects.
         """
         self.settle()
-        messages, self.outbox = self.outbox.messages, Outbox()
+        messages, self.outbox = self._with_checkpoint(self.outbox.messages), Outbox()
         self._inflight = _Publication(
             self.outputs, messages, positions, Published(self.run_id, self.seq)
         )

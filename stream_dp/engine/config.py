@@ -312,6 +312,13 @@ class ScaleConfig(_Strict):
         "the environment variable master_secret_env holds it.",
     )
     master_secret_env: str = Field("STREAM_DP_MASTER_SECRET", min_length=1)
+    checkpoint_topic: str | None = Field(
+        None,
+        description="A compacted Kafka topic (on the release topic's cluster) that receives "
+        "every partition learner's checkpoint, keyed by its model id, in the transaction that "
+        "publishes the cycle; an instance on an empty state directory resumes from it. It "
+        "holds raw records (the learners' buffers): give it the input topic's ACLs.",
+    )
     session_timeout_ms: int = Field(
         10_000,
         ge=1000,
@@ -351,6 +358,8 @@ class EngineConfig(_Strict):
                 'scale.mode = "per-partition" needs a kafka source and a kafka release topic '
                 "(partition learners move between instances with the consumer group)"
             )
+        if self.scale.checkpoint_topic is not None and self.scale.mode != "per-partition":
+            raise ValueError('scale.checkpoint_topic needs scale.mode = "per-partition"')
         return self
 
     @property

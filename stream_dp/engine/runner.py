@@ -48,6 +48,7 @@ from connectors.schema import (
 )
 from stream_dp.checkpoint import load_checkpoint
 from stream_dp.engine.commit import (
+    CHECKPOINTS,
     DEAD_LETTERS,
     RELEASES,
     CommitCycle,
@@ -74,6 +75,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("stream_dp.engine")
+
+#: Limit on one checkpoint in the checkpoint topic (its ``max.message.bytes``).
+CHECKPOINT_MESSAGE_BYTES = 8 * 1024 * 1024
 
 #: Seconds a stop request (SIGTERM) waits for a publication in progress before leaving it to
 #: the next start (the checkpoint holds it).
@@ -309,6 +313,8 @@ class Engine:
                 topic_cfg = sink_cfg
             else:
                 sinks[stream] = build_sink(sink_cfg, private=stream == DEAD_LETTERS)
+        if cfg.scale.checkpoint_topic is not None:
+            sinks[CHECKPOINTS] = cfg.scale.checkpoint_topic
         publisher = None
         if topic_cfg is not None:
             from connectors.transactions import TransactionalPublisher
@@ -319,7 +325,10 @@ class Engine:
                 cfg.transactional_id,
                 attempt_timeout_s=attempt,
                 producer_config={
-                    "max_request_size": cfg.releases.max_request_size,
+                    "max_request_size": max(
+                        cfg.releases.max_request_size,
+                        CHECKPOINT_MESSAGE_BYTES if cfg.scale.checkpoint_topic else 0,
+                    ),
                     "request_timeout_ms": int(min(30.0, attempt / 2) * 1000),
                     "delivery_timeout_ms": int(attempt * 1000),
                     # Back within seconds of the broker's return, not kafka-python's 30 s.
@@ -353,6 +362,8 @@ class Engine:
         if self.fresh:
             for aside in state.set_aside():
                 log.warning("--fresh: %s kept aside; its run is closed", aside)
+        if not state.checkpoint.exists() and not self.fresh and self.config.scale.checkpoint_topic:
+            self._checkpoint_from_topic()
         if state.checkpoint.exists():
             return self._resume()
         evidence = self._evidence_of_a_previous_run()
@@ -367,6 +378,49 @@ class Engine:
                 )
             log.warning("--fresh: starting a new run although %s", "; ".join(evidence))
         return self._start_run()
+
+    def _checkpoint_from_topic(self) -> None:
+        """Put the learner's latest published checkpoint from the checkpoint topic in place.
+
+        The checkpoint's checksums and its header's model id (``<model>/p<k>``: model and
+        partition) are checked before it is used; a damaged or foreign one is refused.
+        """
+        from connectors.admin import latest_with_key
+        from stream_dp.checkpoint import CheckpointError, write_private
+
+        cfg, state = self.config, self.state
+        topic, rel, model_id = cfg.scale.checkpoint_topic, cfg.releases, cfg.model.model_id
+        try:
+            value = latest_with_key(
+                rel.bootstrap_servers,
+                topic,
+                model_id.encode(),
+                tail=512,
+                timeout_s=cfg.kafka.startup_timeout_seconds,
+                **rel.security,
+            )
+        except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback
+            raise KafkaUnavailable(f"cannot read checkpoint topic {topic!r}: {err}") from None
+        if value is None:
+            return
+        candidate = state.checkpoint.with_name(state.checkpoint.name + ".from-topic")
+        try:
+            write_private(candidate, value)
+            load_checkpoint(
+                candidate,
+                model_id=model_id,
+                learner_class=type(self.learner).__name__,
+                params=self.learner._get_params(),
+            )
+        except CheckpointError as err:
+            candidate.unlink(missing_ok=True)
+            raise StateError(
+                f"the checkpoint of {model_id!r} in topic {topic!r} is refused: {err}"
+            ) from None
+        except OSError as err:
+            raise StateError(f"cannot write checkpoint {state.checkpoint}: {err}") from None
+        candidate.replace(state.checkpoint)
+        log.info("checkpoint of %s taken from topic %s", model_id, topic)
 
     def _evidence_of_a_previous_run(self) -> list[str]:
         state, cfg = self.state, self.config

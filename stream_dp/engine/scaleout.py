@@ -238,6 +238,36 @@ class ScaleOut:
         """End the cycles of every partition, leave the group and return (thread-safe)."""
         self._stop.set()
 
+    def _ensure_checkpoint_topic(self) -> None:
+        """Create the compacted checkpoint topic if it is configured and missing."""
+        from connectors.admin import KafkaProblem, connect, ensure_topic
+        from stream_dp.engine.runner import CHECKPOINT_MESSAGE_BYTES, KafkaUnavailable
+
+        topic, rel = self.config.scale.checkpoint_topic, self.config.releases
+        if topic is None:
+            return
+        try:
+            admin = connect(
+                rel.bootstrap_servers,
+                timeout_s=self.config.kafka.startup_timeout_seconds,
+                what="releases.bootstrap_servers",
+                **rel.security,
+            )
+            try:
+                if ensure_topic(
+                    admin,
+                    topic,
+                    configs={
+                        "cleanup.policy": "compact",
+                        "max.message.bytes": str(CHECKPOINT_MESSAGE_BYTES),
+                    },
+                ):
+                    log.info("created compacted checkpoint topic %s", topic)
+            finally:
+                admin.close()
+        except KafkaProblem as err:
+            raise KafkaUnavailable(str(err)) from None
+
     def _open_consumer(self) -> None:
         from kafka import KafkaConsumer
 
@@ -262,6 +292,7 @@ class ScaleOut:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 handlers[sig] = signal.signal(sig, lambda *_: self.stop())
         try:
+            self._ensure_checkpoint_topic()
             self._open_consumer()
             self._loop()
             final = self.status()

@@ -83,10 +83,10 @@ def _wait(status: Path, ok, proc: subprocess.Popen, timeout: float) -> dict:
     raise AssertionError(f"status {status.name} did not reach the condition in {timeout} s")
 
 
-def _partition_sizes(bootstrap: str, topic: str) -> dict[int, int]:
+def _partition_sizes(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> dict[int, int]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     try:
-        tps = [TopicPartition(topic, k) for k in range(PARTITIONS)]
+        tps = [TopicPartition(topic, k) for k in range(partitions)]
         return {tp.partition: n for tp, n in consumer.end_offsets(tps).items()}
     finally:
         consumer.close()
@@ -198,3 +198,83 @@ def test_two_instances_one_killed_then_a_third_joins(
         assert ref_ckpt.learner_state["t"] == sizes[k]
         assert ledger.ledger == ref_ledger.ledger
         assert ledger.rho_spent() == ref_ledger.rho_spent()
+
+
+def _machine(tmp_path: Path, bootstrap: str, names: dict, name: str) -> tuple[Path, dict]:
+    """A second machine: its own, empty state directory; the same group and checkpoint topic."""
+    home = tmp_path / name
+    home.mkdir()
+    cfg = _config(home, bootstrap, names, name)
+    cfg["source"]["max_idle_seconds"] = 4.0
+    cfg["scale"]["checkpoint_topic"] = names["checkpoints"]
+    return home, cfg
+
+
+def _run_to_end(home: Path, cfg: dict, name: str) -> tuple[int, str]:
+    proc = _start(home, cfg, name)
+    try:
+        rc = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return rc, (home / f"engine-{name}.log").read_text()
+
+
+def test_an_empty_state_directory_resumes_from_the_checkpoint_topic_and_tampering_is_refused(
+    kafka_broker: KafkaBroker, unique_name, tmp_path
+):
+    from connectors.admin import latest_with_key
+
+    bootstrap = kafka_broker.bootstrap
+    names = {**names_for(unique_name), "checkpoints": unique_name("checkpoints")}
+    create_topic(bootstrap, names["input"], partitions=2)
+    values = [json.dumps(valid_record(i)).encode() for i in range(5000)]
+
+    def produce(lo: int, hi: int) -> None:
+        with KafkaSink(names["input"], bootstrap) as sink:
+            for i in range(lo, hi):
+                sink.send(f"record-{i}", values[i])
+            sink.flush()
+
+    produce(0, 3000)
+    home, cfg = _machine(tmp_path, bootstrap, names, "m1")
+    rc, _ = _run_to_end(home, cfg, "m1")
+    assert rc == 0
+    before = {k: n for k, n in _partition_sizes(bootstrap, names["input"], 2).items()}
+
+    # Machine 2 has none of machine 1's files: it resumes both learners from the topic.
+    produce(3000, 5000)
+    home2, cfg2 = _machine(tmp_path, bootstrap, names, "m2")
+    rc, text = _run_to_end(home2, cfg2, "m2")
+    assert rc == 0, text[-3000:]
+    model = names["model"]
+    for k in range(2):
+        assert f"checkpoint of {model}/p{k} taken from topic" in text
+        assert f"resumed model {model}/p{k}, " in text and f"at step {before[k]} " in text
+    sizes = _partition_sizes(bootstrap, names["input"], 2)
+    committed = [json.loads(v) for v in read_all(bootstrap, names["releases"], committed=True)]
+    for k in range(2):
+        steps = [m["step"] for m in committed if m["model_id"] == f"{model}/p{k}"]
+        assert steps == list(range(1, sizes[k] + 1)), f"partition {k}: each step once"
+        ckpt = load_checkpoint(home2 / "state" / f"p{k}" / "model.ckpt", model_id=f"{model}/p{k}")
+        assert ckpt.learner_state["t"] == sizes[k] and ckpt.learner_state["secret"] is None
+
+    # A checkpoint tampered with in the topic, and one of another partition under p0's key.
+    latest = {
+        k: latest_with_key(bootstrap, names["checkpoints"], f"{model}/p{k}".encode())
+        for k in range(2)
+    }
+    flipped = bytearray(latest[0])
+    flipped[len(flipped) // 2] ^= 0x01
+    cases = [(bytes(flipped), "tampered", "corrupted"), (latest[1], "p1's", "belongs to model")]
+    for bad, why, reason in cases:
+        with KafkaSink(names["checkpoints"], bootstrap) as sink:
+            sink.send(f"{model}/p0", bad)
+            sink.flush()
+        home3, cfg3 = _machine(tmp_path, bootstrap, names, f"m3-{len(why)}")
+        rc, text = _run_to_end(home3, cfg3, f"m3-{len(why)}")
+        assert rc == 3, (why, text[-2000:])
+        last = text.strip().splitlines()[-1]
+        assert "in topic" in last and "is refused" in last and reason in last, (why, last)
+        assert not (home3 / "state" / "p0" / "model.ckpt").exists()
