@@ -64,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-records", type=int, default=None, help="stop after this many input messages"
     )
+    parser.add_argument(
+        "--instance",
+        default=None,
+        help="per-partition scale-out: this instance's name, inserted in its status file name "
+        "(status.<name>.json) so instances on one machine do not share one",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     add_common_arguments(parser)
     parser.set_defaults(func=main)
@@ -209,6 +215,7 @@ def _codes() -> dict[type[BaseException], int]:
 
 def _run_scaleout(config, args: argparse.Namespace) -> int:
     """One instance of a per-partition model; refuses to start without the master secret."""
+    from stream_dp.engine.config import ConfigError
     from stream_dp.engine.master_secret import load_master_secret
     from stream_dp.engine.runner import EngineError
     from stream_dp.engine.scaleout import ScaleOut
@@ -216,9 +223,17 @@ def _run_scaleout(config, args: argparse.Namespace) -> int:
     scale = config.scale
     secret = load_master_secret(scale.master_secret_file, scale.master_secret_env)
     try:
-        status = ScaleOut(
-            config, master_secret=secret, fresh=args.fresh, max_records=args.max_records
-        ).run()
+        instance = ScaleOut(
+            config,
+            master_secret=secret,
+            fresh=args.fresh,
+            max_records=args.max_records,
+            instance=getattr(args, "instance", None),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        status = instance.run()
     except EngineError as exc:
         if getattr(args, "debug", False):
             raise

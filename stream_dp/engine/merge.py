@@ -26,7 +26,50 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["add_merge_arguments", "merge_main", "merged_message"]
+__all__ = ["MergedModel", "add_merge_arguments", "merge_main", "merged_message"]
+
+MERGED_SCHEMA = "stream-dp/merged/1"
+
+
+class MergedModel:
+    """A merged model read back from its message (what ``stream-dp watch`` shows).
+
+    Examples
+    --------
+    >>> from connectors import ReleaseMessage
+    >>> r = ReleaseMessage(model_id="m/p0", algorithm="a", task="auc", step=3, release_index=3,
+    ...     weights=[1.0], feature_names=["a"], rho_spent=0.1, rho_budget=1.0,
+    ...     epsilon_spent=1.0, delta=1e-5, exhausted=False, time=0.0)
+    >>> m = MergedModel.from_json(merged_message("m", {"m/p0": r}))
+    >>> m.step, m.weights_array(), m.epsilon_spent
+    (3, array([1.]), 1.0)
+    """
+
+    def __init__(self, data: dict) -> None:
+        if data.get("schema") != MERGED_SCHEMA:
+            raise ValueError("not a merged model message")
+        self.data = data
+        self.model_id, self.task = data["model_id"], data["task"]
+        self.feature_names = list(data["feature_names"])
+        self.step = int(data["steps"])
+        self.release_index = len(data["partitions"])
+        #: The largest partition learner's ε: a person's ε when records are keyed by the person.
+        self.epsilon_spent = max(data["epsilon_spent_by_partition"])
+        self.exhausted = False
+
+    @classmethod
+    def from_json(cls, value: bytes) -> MergedModel:
+        try:
+            data = json.loads(value)
+        except ValueError:
+            raise ValueError("not JSON") from None
+        if not isinstance(data, dict):
+            raise ValueError("not a merged model message")
+        return cls(data)
+
+    def weights_array(self) -> np.ndarray:
+        raw = np.frombuffer(base64.b64decode(self.data["weights"]), dtype="<f8")
+        return raw.reshape(self.data["shape"]).copy()
 
 
 def merged_message(model: str, latest: Mapping[str, Any]) -> bytes:
@@ -59,7 +102,7 @@ def merged_message(model: str, latest: Mapping[str, Any]) -> bytes:
     mean = np.mean([r.weights_array() for r in rels], axis=0)
     return json.dumps(
         {
-            "schema": "stream-dp/merged/1",
+            "schema": MERGED_SCHEMA,
             "model_id": f"{model}/merged",
             "algorithm": first.algorithm,
             "task": first.task,
@@ -77,6 +120,7 @@ def merged_message(model: str, latest: Mapping[str, Any]) -> bytes:
                 for r in rels
             },
             "rho_spent_by_partition": [r.rho_spent for r in rels],
+            "epsilon_spent_by_partition": [r.epsilon_spent for r in rels],
             "private": all(r.private for r in rels),
             "time": time.time(),
         },

@@ -126,6 +126,8 @@ class ScaleOut:
         Passed to each partition learner (see :class:`Engine`).
     max_records : int, optional
         Stop after this many input messages (over all partitions).
+    instance : str, optional
+        Name of this instance: its status file is ``<status stem>.<instance><suffix>``.
 
     Examples
     --------
@@ -139,6 +141,7 @@ class ScaleOut:
         master_secret: int,
         fresh: bool = False,
         max_records: int | None = None,
+        instance: str | None = None,
     ) -> None:
         if config.scale.mode != "per-partition":
             raise ValueError('ScaleOut needs scale.mode = "per-partition"')
@@ -153,7 +156,13 @@ class ScaleOut:
         self._error: BaseException | None = None
         self._gained: list[Any] = []
         self._stop = threading.Event()
-        self.status_writer = StatusWriter(config.status.file, None)
+        status_file = config.status.file
+        if status_file is not None and instance is not None:
+            if not instance.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"instance name {instance!r}: letters, digits, - and _ only")
+            path = Path(status_file)
+            status_file = str(path.with_name(f"{path.stem}.{instance}{path.suffix}"))
+        self.status_writer = StatusWriter(status_file, None)
         self._status_clock = time.monotonic()
 
     # -- partitions come and go ------------------------------------------------------------

@@ -28,6 +28,13 @@ def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="bank", help="bundled dataset (bank, pima, ...)")
     parser.add_argument("--max-records", type=int, default=None)
     parser.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="create the topic with this many partitions (if missing) and key each record by "
+        "its record id, so records spread over them (for per-partition scale-out)",
+    )
+    parser.add_argument(
         "--bad-every",
         type=int,
         default=0,
@@ -70,12 +77,23 @@ def _produce(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise _BadArgument(f"--dataset: {err}") from None
     _probe(args.bootstrap)
+    if args.partitions is not None:
+        from connectors.admin import connect, ensure_topic
+
+        if args.partitions < 1:
+            raise _BadArgument("--partitions must be at least 1")
+        admin = connect(args.bootstrap, timeout_s=20.0, what="--bootstrap")
+        try:
+            ensure_topic(admin, args.topic, partitions=args.partitions)
+        finally:
+            admin.close()
     names = data.feature_names
     sent = bad = 0
     with KafkaSink(args.topic, args.bootstrap) as sink:
         for i, (x, y) in enumerate(zip(data.X_stream, data.y_stream, strict=True)):
             rec = {"x": dict(zip(names, (float(v) for v in x), strict=True)), "y": bool(y)}
-            sink.send(None, json.dumps(rec).encode())
+            key = None if args.partitions is None else f"record-{i}"
+            sink.send(key, json.dumps(rec).encode())
             sent += 1
             if args.bad_every and (i + 1) % args.bad_every == 0:
                 sink.send(None, b'{"x": {"oops": "not a number"}, "y": 1}')
@@ -116,6 +134,7 @@ def _watch(args: argparse.Namespace) -> int:
 
     from connectors import ReleaseMessage
     from stream_dp.demo import roc_auc
+    from stream_dp.engine.merge import MergedModel
     from stream_dp.records import clip_rows
 
     test = None
@@ -151,8 +170,11 @@ def _watch(args: argparse.Namespace) -> int:
             try:
                 rel = ReleaseMessage.from_json(msg.value)
             except ValueError:
-                skipped += 1  # not a release message: another producer shares the topic
-                continue
+                try:
+                    rel = MergedModel.from_json(msg.value)  # stream-dp merge's output
+                except (ValueError, KeyError, TypeError):
+                    skipped += 1  # not a release message: another producer shares the topic
+                    continue
             n += 1
             w = rel.weights_array()
             recent.append(w)
