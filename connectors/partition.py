@@ -11,7 +11,6 @@ hands each partition's records to its learner.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -139,11 +138,8 @@ class PartitionSource:
         timeout_ms = self.request_timeout_ms if timeout_s is None else int(timeout_s * 1000)
         try:
             end = self.consumer.end_offsets([self.tp], timeout_ms=timeout_ms)[self.tp]
-        except Exception:  # noqa: BLE001 - status only
-            if self.unreachable_since is None:
-                self.unreachable_since = time.time()
+        except Exception:  # noqa: BLE001 - status only (and impossible inside a rebalance)
             return None
-        self.unreachable_since = None
         return max(int(end) - self.next, 0)
 
     def close(self) -> None:

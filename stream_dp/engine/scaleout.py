@@ -214,6 +214,14 @@ class ScaleOut:
             finally:
                 engine.close()
 
+    def _drop(self, lost: list[Any]) -> None:
+        for tp in lost:
+            engine = self.engines.pop(tp.partition, None)
+            if engine is not None:
+                log.warning("partition %d: lost (evicted from the group); not publishing "
+                            "its open cycle", tp.partition)  # fmt: skip
+                engine.close()
+
     def _listener(self) -> Any:
         from kafka import ConsumerRebalanceListener
 
@@ -227,6 +235,11 @@ class ScaleOut:
         class Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked):
                 owner._guarded(owner._release, list(revoked))
+
+            def on_partitions_lost(self, lost):
+                # Evicted (session expired): another instance may own them already. Publish
+                # nothing more; its new owner resumes from the last checkpoint and fences us.
+                owner._guarded(owner._drop, list(lost))
 
             def on_partitions_assigned(self, assigned):
                 owner._consumer.pause(*assigned)
