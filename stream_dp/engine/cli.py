@@ -213,6 +213,14 @@ def _codes() -> dict[type[BaseException], int]:
     }
 
 
+def _engine_failure(exc: Exception, args: argparse.Namespace) -> int:
+    """One stderr line and the error's exit code (the traceback with ``--debug``)."""
+    if getattr(args, "debug", False):
+        raise exc
+    print(f"stream-dp run: {' '.join(str(exc).split())}", file=sys.stderr)
+    return exc.exit_code
+
+
 def _run_scaleout(config, args: argparse.Namespace) -> int:
     """One instance of a per-partition model; refuses to start without the master secret."""
     from stream_dp.engine.config import ConfigError
@@ -235,10 +243,7 @@ def _run_scaleout(config, args: argparse.Namespace) -> int:
     try:
         status = instance.run()
     except EngineError as exc:
-        if getattr(args, "debug", False):
-            raise
-        print(f"stream-dp run: {' '.join(str(exc).split())}", file=sys.stderr)
-        return exc.exit_code
+        return _engine_failure(exc, args)
     print(json.dumps({k: status[k] for k in ("records", "composition", "rho", "epsilon_spent")}))
     return 0
 
@@ -267,10 +272,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             stats = engine.run()
         except EngineError as exc:
-            if getattr(args, "debug", False):
-                raise
-            print(f"stream-dp run: {' '.join(str(exc).split())}", file=sys.stderr)
-            return exc.exit_code
+            return _engine_failure(exc, args)
         eps, delta = engine.learner.accountant.spent()
         print(json.dumps({**stats.to_dict(), "epsilon_spent": eps, "delta": delta}))
         return 0

@@ -156,23 +156,13 @@ def merge_main(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from kafka import KafkaConsumer
-
     from connectors import KafkaSink, ReleaseMessage
-    from stream_dp.engine.tools import _probe
+    from stream_dp.engine.tools import _probe, release_consumer
 
     _probe(args.bootstrap)
     out_topic = args.to or f"{args.topic}.merged"
     prefix = f"{args.model}/p"
-    consumer = KafkaConsumer(
-        args.topic,
-        bootstrap_servers=args.bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed",  # releases whose checkpoint is durable, once each
-        consumer_timeout_ms=int(args.idle_seconds * 1000),
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-    )
+    consumer = release_consumer(args.bootstrap, args.topic, args.idle_seconds)
     latest: dict[str, Any] = {}
     published = 0
     last, dirty = -float("inf"), False

@@ -721,12 +721,7 @@ class Engine:
 
     def run(self) -> EngineStats:
         """Process the source until it ends, ``max_records`` is reached or :meth:`stop`."""
-        try:
-            self.state.acquire()
-        except StateLocked as err:
-            raise StateError(str(err)) from None
-        except OSError as err:
-            raise StateError(f"cannot use state directory {self.state.dir}: {err}") from None
+        self._acquire()
         handlers = self._install_signals()
         try:
             self._start()
@@ -744,18 +739,21 @@ class Engine:
             self.close()
         return self.stats
 
-    def start(self) -> None:
-        """Lock the state directory and start up (steps 1-4 above); pair with :meth:`close`.
-
-        For drivers that feed the engine themselves (:meth:`process`), such as the
-        per-partition scale-out; :meth:`run` does all of it.
-        """
+    def _acquire(self) -> None:
         try:
             self.state.acquire()
         except StateLocked as err:
             raise StateError(str(err)) from None
         except OSError as err:
             raise StateError(f"cannot use state directory {self.state.dir}: {err}") from None
+
+    def start(self) -> None:
+        """Lock the state directory and start up (steps 1-4 above); pair with :meth:`close`.
+
+        For drivers that feed the engine themselves (:meth:`process`), such as the
+        per-partition scale-out; :meth:`run` does all of it.
+        """
+        self._acquire()
         try:
             self._start()
         except RunRefused as err:

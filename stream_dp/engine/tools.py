@@ -128,9 +128,27 @@ def watch_main(args: argparse.Namespace) -> int:
     return one_line_errors("watch", args.debug, _kafka_codes(), lambda: _watch(args))
 
 
+def release_consumer(bootstrap: str, topic: str, idle_seconds: float):
+    """A consumer of a release topic from its start, ending after ``idle_seconds`` of silence.
+
+    It reads ``read_committed``: only releases whose checkpoint is durable, each once; the
+    copies in aborted transactions are never shown.
+    """
+    from kafka import KafkaConsumer
+
+    return KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        consumer_timeout_ms=int(idle_seconds * 1000),
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+
+
 def _watch(args: argparse.Namespace) -> int:
     import numpy as np
-    from kafka import KafkaConsumer
 
     from connectors import ReleaseMessage
     from stream_dp.demo import roc_auc
@@ -146,16 +164,7 @@ def _watch(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise _BadArgument(f"--dataset: {err}") from None
     _probe(args.bootstrap)
-    consumer = KafkaConsumer(
-        args.topic,
-        bootstrap_servers=args.bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        # Only releases whose checkpoint is durable: aborted transactions are never shown.
-        isolation_level="read_committed",
-        consumer_timeout_ms=int(args.idle_seconds * 1000),
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-    )
+    consumer = release_consumer(args.bootstrap, args.topic, args.idle_seconds)
     head = f"{'step':>8} {'release':>8} {'ε spent':>9} {'‖w‖':>7}"
     if test is not None:
         head += " test AUC" + (f" AUC(mean of {args.smooth})" if args.smooth > 1 else "")

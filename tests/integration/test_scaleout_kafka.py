@@ -31,7 +31,7 @@ from stream_dp.privacy import accountant_from_dict
 
 from .kafka_broker import KafkaBroker
 from .test_engine_kafka import (
-    _status,
+    _wait_for,
     _write_toml,
     create_topic,
     engine_config,
@@ -69,18 +69,6 @@ def _start(tmp: Path, cfg: dict, instance: str) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "STREAM_DP_MASTER_SECRET": MASTER},
     )
-
-
-def _wait(status: Path, ok, proc: subprocess.Popen, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"instance exited early with {proc.returncode}")
-        s = _status(status)
-        if s and ok(s):
-            return s
-        time.sleep(0.05)  # polling interval of a bounded wait
-    raise AssertionError(f"status {status.name} did not reach the condition in {timeout} s")
 
 
 def _partition_sizes(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> dict[int, int]:
@@ -126,20 +114,20 @@ def test_two_instances_one_killed_then_a_third_joins(
         procs["A"] = _start(tmp_path, cfgs["A"], "A")
         procs["B"] = _start(tmp_path, cfgs["B"], "B")
         # Both hold partitions and A has learned some: kill it mid-run.
-        _wait(status["B"], lambda s: len(s["partitions"]) >= 1, procs["B"], 120)
-        held_by_a = _wait(status["A"], lambda s: len(s["partitions"]) >= 1 and s["records"] > 1500,
-                          procs["A"], 120)["partitions"]  # fmt: skip
+        _wait_for(status["B"], lambda s: len(s["partitions"]) >= 1, procs["B"], 120)
+        busy = lambda s: len(s["partitions"]) >= 1 and s["records"] > 1500  # noqa: E731
+        held_by_a = _wait_for(status["A"], busy, procs["A"], 120)["partitions"]
         os.kill(procs["A"].pid, signal.SIGKILL)
         killed = time.monotonic()
         assert procs["A"].wait(timeout=30) == -signal.SIGKILL
-        _wait(status["B"], lambda s: s["partitions"] == list(range(PARTITIONS)), procs["B"],
+        _wait_for(status["B"], lambda s: s["partitions"] == list(range(PARTITIONS)), procs["B"],
               timeout=4 * SESSION_MS / 1000 + 30)  # fmt: skip
         takeover = time.monotonic() - killed
         # Live input, and a third instance joins: B hands partitions over in a rebalance.
         live.start()
         procs["C"] = _start(tmp_path, cfgs["C"], "C")
-        held_by_c = _wait(status["C"], lambda s: len(s["partitions"]) >= 1, procs["C"],
-                          120)["partitions"]  # fmt: skip
+        held = lambda s: len(s["partitions"]) >= 1  # noqa: E731
+        held_by_c = _wait_for(status["C"], held, procs["C"], 120)["partitions"]
         live.join(timeout=120)
         assert not live.is_alive()
         for i in "BC":
