@@ -150,7 +150,7 @@ class ScaleOut:
         self.fresh = fresh
         self.max_records = max_records
         self.engines: dict[int, Engine] = {}
-        #: Statuses of partition learners this instance held and handed over.
+        #: Input messages this instance has handed to its partition learners.
         self.records = 0
         self._consumer: Any = None
         self._error: BaseException | None = None
