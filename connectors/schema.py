@@ -678,6 +678,14 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
+def _number(value: object) -> str:
+    """A finite float as JSON: its ``repr``, which is what :func:`json.dumps` writes."""
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number):
+        raise ValueError(f"{number} is not a finite number")
+    return repr(number)
+
+
 class ReleaseEncoder:
     """Serialise a learner's release fields to the bytes of a :class:`ReleaseMessage`, fast.
 
@@ -741,9 +749,10 @@ class ReleaseEncoder:
         stamp = time.time() if when is None else when
         text = (
             f'{self._head}{int(data["step"])},"release_index":{int(data["release_index"])},'
-            f'"weights":"{weights}{self._middle}{_json(float(data["rho_spent"]))}'
-            f'{self._tail[0]},"epsilon_spent":{_json(float(data["epsilon_spent"]))}'
-            f',"exhausted":{_json(bool(data["exhausted"]))}{self._tail[1]}{_json(float(stamp))}}}'
+            f'"weights":"{weights}{self._middle}{_number(data["rho_spent"])}'
+            f'{self._tail[0]},"epsilon_spent":{_number(data["epsilon_spent"])}'
+            f',"exhausted":{"true" if data["exhausted"] else "false"}{self._tail[1]}'
+            f"{_number(stamp)}}}"
         )
         return text.encode("utf-8")
 
