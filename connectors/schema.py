@@ -455,7 +455,7 @@ def parse_conformed(
     boolean, number or non-empty string ``y``, a string or absent ``key``, an absent ``ts``) is
     checked here without building an :class:`InputRecord`; any other record goes through the
     full validation. Both paths accept the same records with the same values and reject the
-    same ones with the same reason (``tests/test_connectors.py`` holds them equal).
+    same ones with the same reason (``tests/test_fast_records.py`` holds them equal).
 
     Parameters
     ----------
@@ -693,7 +693,7 @@ class ReleaseEncoder:
     model's run (ids, algorithm, task, shape, feature names, budget, δ, privacy flag) are
     encoded once into a template; each release fills in its step, counters, weights, spent
     budget and time. The bytes are compact JSON that :meth:`ReleaseMessage.from_json` reads
-    into exactly the message ``ReleaseMessage(**fields)`` would be (``tests/test_connectors.py``
+    into exactly the message ``ReleaseMessage(**fields)`` would be (``tests/test_fast_records.py``
     holds them equal); non-finite weights or budgets are refused as there.
 
     Examples
