@@ -54,8 +54,11 @@ def produce(bootstrap: str, topic: str, n: int, dim: int, keyed: bool = False) -
         sink.flush()
 
 
-def scale_loop(bootstrap: str, topic: str, n: int, buffer: int, dim: int, processes: int) -> float:
-    """Records/s of ``processes`` per-partition instances in one group, start to last publish."""
+def scale_loop(
+    bootstrap: str, topic: str, n: int, buffer: int, dim: int, processes: int
+) -> tuple[float, float]:
+    """Records/s of ``processes`` per-partition instances in one group: from their start to the
+    last publication, and in steady state (between 20 % and 80 % of the records learned)."""
     tag = uuid.uuid4().hex[:8]
     d = Path(tempfile.mkdtemp())
     sections = {
@@ -76,6 +79,7 @@ def scale_loop(bootstrap: str, topic: str, n: int, buffer: int, dim: int, proces
     (d / "engine.toml").write_text("\n".join(lines) + "\n")
     env = {**os.environ, "STREAM_DP_MASTER_SECRET": os.urandom(32).hex()}
     t0 = time.perf_counter()
+    marks: dict[float, tuple[float, int]] = {}
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "stream_dp.cli", "run", "--config", str(d / "engine.toml"),
@@ -95,8 +99,13 @@ def scale_loop(bootstrap: str, topic: str, n: int, buffer: int, dim: int, proces
                 for p, v in s["by_partition"].items():
                     learned[p] = v["learned"]
                     pending += v["pending_messages"]
-            if sum(learned.values()) >= n and pending == 0:
-                return n / (time.perf_counter() - t0)
+            now, total = time.perf_counter(), sum(learned.values())
+            for share in (0.2, 0.8):
+                if total >= share * n and share not in marks:
+                    marks[share] = (now, total)
+            if total >= n and pending == 0:
+                (t_a, n_a), (t_b, n_b) = marks[0.2], marks[0.8]
+                return n / (now - t0), (n_b - n_a) / max(t_b - t_a, 1e-9)
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"an instance exited: {(d / 'log0').read_text()[-2000:]}")
             time.sleep(0.05)  # polling interval of the measurement
@@ -210,10 +219,12 @@ def main() -> None:
             for _ in range(args.repeats):
                 one.append(scale_loop(bootstrap, topic4, args.records, args.buffer, args.dim, 1))
                 two.append(scale_loop(bootstrap, topic4, args.records, args.buffer, args.dim, 2))
-            o, t = statistics.median(one), statistics.median(two)
-            print(f"per-partition, 1 process, 4 parts : {o:10.0f} records/s (start-up included)")
-            print(f"per-partition, 2 processes        : {t:10.0f} records/s (start-up included)")
-            print(f"ratio two / one process            : {t / o:10.2f}")
+            for i, what in ((0, "start to end"), (1, "steady state")):
+                o = statistics.median(r[i] for r in one)
+                t = statistics.median(r[i] for r in two)
+                print(f"per-partition, 1 process ({what}) : {o:10.0f} records/s")
+                print(f"per-partition, 2 processes ({what}): {t:10.0f} records/s")
+                print(f"ratio two / one process ({what})   : {t / o:10.2f}")
     finally:
         subprocess.run(["bash", str(KAFKA), "stop", "--dir", str(rundir)], check=False)
 
