@@ -65,10 +65,10 @@ def partition_config(config: EngineConfig, partition: int) -> EngineConfig:
     ...     "source": {"kind": "kafka", "topic": "t", "bootstrap_servers": "b", "group_id": "g"},
     ...     "releases": {"kind": "kafka", "topic": "r", "bootstrap_servers": "b"},
     ...     "dead_letters": {"kind": "stdout"},
-    ...     "checkpoint": {"path": "/s/model.ckpt"}, "scale": {"mode": "per-partition"}})
+    ...     "checkpoint": {"path": "state/model.ckpt"}, "scale": {"mode": "per-partition"}})
     >>> p = partition_config(cfg, 3)
     >>> p.model.model_id, p.checkpoint.path, p.transactional_id
-    ('bank/p3', '/s/p3/model.ckpt', 'stream-dp.bank/p3')
+    ('bank/p3', 'state/p3/model.ckpt', 'stream-dp.bank/p3')
     """
     ckpt = Path(config.checkpoint.path)
     return config.model_copy(
