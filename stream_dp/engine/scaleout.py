@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from connectors._retry import Backoff
 from stream_dp.engine.config import EngineConfig
 from stream_dp.engine.master_secret import partition_secret
 from stream_dp.engine.runner import Engine, StateError
@@ -155,6 +156,9 @@ class ScaleOut:
         self._consumer: Any = None
         self._error: BaseException | None = None
         self._gained: list[Any] = []
+        #: ``time.time()`` since which the group consumer has not reached Kafka (None: it has).
+        self.unreachable_since: float | None = None
+        self._backoff = Backoff(maximum=10.0, logger=log, what="Kafka group consume")
         self._stop = threading.Event()
         status_file = config.status.file
         if status_file is not None and instance is not None:
@@ -298,7 +302,9 @@ class ScaleOut:
             bootstrap_servers=src.bootstrap_servers,
             group_id=src.group_id,
             enable_auto_commit=False,
-            auto_offset_reset="earliest",
+            # Every partition is sought to its learner's position before it is read; a position
+            # that left the log is reported (_skip_out_of_range), never reset silently.
+            auto_offset_reset="none",
             isolation_level="read_committed",
             session_timeout_ms=scale.session_timeout_ms,
             heartbeat_interval_ms=max(300, scale.session_timeout_ms // 4),
@@ -343,6 +349,55 @@ class ScaleOut:
         if err is not None:
             raise err
 
+    def _poll(self, want: int) -> dict:
+        """One poll of the group consumer; outages are waited out, skipped records reported."""
+        from kafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
+
+        from connectors._retry import is_retriable
+
+        try:
+            polled = self._consumer.poll(timeout_ms=500, max_records=want)
+        except OffsetOutOfRangeError as err:
+            self._skip_out_of_range(err.args[0] if err.args else {})
+            return {}
+        except NoOffsetForPartitionError:
+            return {}  # a partition gained in this poll: run() seeks it to its learner's position
+        except Exception as err:
+            if not is_retriable(err):
+                raise
+            if self.unreachable_since is None:
+                self.unreachable_since = time.time()
+                log.warning("Kafka unreachable: %s; riding it out", err)
+            self._backoff.failed(err, max_sleep=2.0)
+            return {}
+        if self.unreachable_since is not None and polled:
+            log.warning("Kafka reachable again after %.0f s", time.time() - self.unreachable_since)
+            self.unreachable_since = None
+            self._backoff.succeeded()
+        return polled
+
+    def _skip_out_of_range(self, positions: dict) -> None:
+        """Continue at the earliest offset where a learner's position has left the log."""
+        consumer = self._consumer
+        tps = list(positions)
+        if not tps:
+            return
+        begin = consumer.beginning_offsets(tps)
+        for tp in tps:
+            offset, first = int(positions[tp]), int(begin[tp])
+            engine = self.engines.get(tp.partition)
+            if offset < first and engine is not None:
+                engine.source.skipped_records += first - offset
+            log.warning(
+                "topic %s partition %d: position %d is no longer in the log (it starts at %d): "
+                "%d record(s) skipped, continuing at %d",
+                tp.topic, tp.partition, offset, first, max(first - offset, 0), first,
+            )  # fmt: skip
+            if engine is not None:
+                engine.source.seek({engine.source.key: first})
+            else:
+                consumer.seek(tp, first)
+
     def _loop(self) -> None:
         idle_limit = self.config.source.max_idle_seconds
         last_record = time.monotonic()
@@ -352,7 +407,7 @@ class ScaleOut:
                 want = min(want, self.max_records - self.records)
                 if want <= 0:
                     break
-            polled = self._consumer.poll(timeout_ms=500, max_records=want)
+            polled = self._poll(want)
             self._raise_listener_error()
             if self._gained:
                 gained, self._gained = self._gained, []
@@ -397,6 +452,8 @@ class ScaleOut:
             "mode": "per-partition",
             "partitions": sorted(self.engines),
             "records": self.records,
+            "skipped_records": sum(e.source.skipped_records for e in self.engines.values()),
+            "broker_unreachable_since": self.unreachable_since,
             "privacy_unit_key": self.config.scale.privacy_unit_key,
             **comp,
             # zCDP composes in ρ; the (ε, δ) of the composition is converted once.
