@@ -21,7 +21,7 @@ import statistics
 import numpy as np
 
 from stream_dp.datasets import prepare
-from stream_dp.demo import roc_auc
+from stream_dp.metrics import roc_auc
 from stream_dp.online import OnPairStrC
 from stream_dp.records import clip_rows
 

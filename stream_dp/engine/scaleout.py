@@ -445,7 +445,7 @@ class ScaleOut:
         rho = {k: s["rho_spent"] for k, s in parts.items()}
         comp = composition(rho, self.config.scale.privacy_unit_key)
         delta = self.config.model.delta
-        conv = self.config.model.conversion
+        conv = getattr(self.config.model, "conversion", "tight")
         return {
             "time": time.time(),
             "model_id": self.config.model.model_id,

@@ -151,8 +151,8 @@ def _watch(args: argparse.Namespace) -> int:
     import numpy as np
 
     from connectors import ReleaseMessage
-    from stream_dp.demo import roc_auc
     from stream_dp.engine.merge import MergedModel
+    from stream_dp.metrics import roc_auc
     from stream_dp.records import clip_rows
 
     test = None
