@@ -9,17 +9,25 @@ then measures in the same run:
 * **engine**: ``stream_dp.engine.Engine`` on the same topic — parse and validate, clip, one
   private OnPairStrC step, one release message per record, dead-letter sink, checkpoints.
 
-Prints records/s (median of repeats) and the ratio engine / raw.
+* **scale-out** (``--scale``): the same records on a 4-partition topic (keyed by record id),
+  learned by ``stream-dp run`` processes in per-partition mode in one consumer group: one
+  process, then two. Measured from the processes' start (group join and partition assignment
+  included) until the status files show every record learned and published.
+
+Prints records/s (median of repeats) and the ratios engine / raw and two / one process.
 
     python benchmarks/kafka_e2e.py [--records 20000] [--repeats 3] [--buffer 64] [--dim 8]
+                                   [--scale]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -36,14 +44,76 @@ ROOT = Path(__file__).resolve().parents[1]
 KAFKA = ROOT / "deploy" / "kafka" / "kafka.sh"
 
 
-def produce(bootstrap: str, topic: str, n: int, dim: int) -> None:
+def produce(bootstrap: str, topic: str, n: int, dim: int, keyed: bool = False) -> None:
     rng = np.random.default_rng(0)
     with KafkaSink(topic, bootstrap) as sink:
-        for _ in range(n):
+        for i in range(n):
             x = rng.normal(size=dim).round(6)
             rec = {"x": {f"f{j}": float(v) for j, v in enumerate(x)}, "y": int(x[0] > 0)}
-            sink.send(None, json.dumps(rec).encode())
+            sink.send(f"record-{i}" if keyed else None, json.dumps(rec).encode())
         sink.flush()
+
+
+def scale_loop(
+    bootstrap: str, topic: str, n: int, buffer: int, dim: int, processes: int
+) -> tuple[float, float]:
+    """Records/s of ``processes`` per-partition instances in one group: from their start to the
+    last publication, and in steady state (between 20 % and 80 % of the records learned)."""
+    tag = uuid.uuid4().hex[:8]
+    d = Path(tempfile.mkdtemp())
+    sections = {
+        "model": {"alpha": 1.0, "buffer": buffer, "model_id": f"scale-{tag}",
+                  "features": [f"f{j}" for j in range(dim)]},
+        "source": {"kind": "kafka", "topic": topic, "bootstrap_servers": bootstrap,
+                   "group_id": f"scale-{tag}", "max_idle_seconds": 30.0},
+        "releases": {"kind": "kafka", "topic": f"rel-{tag}", "bootstrap_servers": bootstrap},
+        "dead_letters": {"kind": "kafka", "topic": f"dead-{tag}", "bootstrap_servers": bootstrap},
+        "checkpoint": {"path": str(d / "state" / "m.ckpt"), "every_records": 1000},
+        "status": {"interval_seconds": 0.2, "file": str(d / "status.json")},
+        "scale": {"mode": "per-partition", "session_timeout_ms": 6000},
+    }  # fmt: skip
+    lines = []
+    for section, body in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in body.items()]
+    (d / "engine.toml").write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "STREAM_DP_MASTER_SECRET": os.urandom(32).hex()}
+    t0 = time.perf_counter()
+    marks: dict[float, tuple[float, int]] = {}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "stream_dp.cli", "run", "--config", str(d / "engine.toml"),
+             "--instance", str(i), "--log-level", "WARNING"],
+            env=env, stdout=subprocess.DEVNULL, stderr=(d / f"log{i}").open("w"),
+        )
+        for i in range(processes)
+    ]  # fmt: skip
+    try:
+        while True:
+            learned, pending = {}, 0
+            for i in range(processes):
+                try:
+                    s = json.loads((d / f"status.{i}.json").read_text())
+                except (FileNotFoundError, ValueError):
+                    continue
+                for p, v in s["by_partition"].items():
+                    learned[p] = v["learned"]
+                    pending += v["pending_messages"]
+            now, total = time.perf_counter(), sum(learned.values())
+            for share in (0.2, 0.8):
+                if total >= share * n and share not in marks:
+                    marks[share] = (now, total)
+            if total >= n and pending == 0:
+                (t_a, n_a), (t_b, n_b) = marks[0.2], marks[0.8]
+                return n / (now - t0), (n_b - n_a) / max(t_b - t_a, 1e-9)
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"an instance exited: {(d / 'log0').read_text()[-2000:]}")
+            time.sleep(0.05)  # polling interval of the measurement
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=120)
 
 
 def raw_loop(bootstrap: str, topic: str, n: int) -> float:
@@ -113,6 +183,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--buffer", type=int, default=64)
     ap.add_argument("--dim", type=int, default=8)
+    ap.add_argument("--scale", action="store_true", help="also measure 1 and 2 processes")
     args = ap.parse_args()
     rundir = Path(tempfile.mkdtemp(prefix="kafka-bench-"))
     bootstrap = subprocess.run(
@@ -136,6 +207,24 @@ def main() -> None:
         print(f"raw kafka-python consume→produce : {r:10.0f} records/s")
         print(f"stream_dp engine (private, e2e)   : {e:10.0f} records/s")
         print(f"ratio engine / raw                 : {e / r:10.2f}")
+        if args.scale:
+            topic4 = f"bench-in4-{uuid.uuid4().hex[:8]}"
+            from kafka import KafkaAdminClient
+
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+            admin.create_topics({topic4: {"num_partitions": 4}}, wait_for_metadata=True)
+            admin.close()
+            produce(bootstrap, topic4, args.records, args.dim, keyed=True)
+            one, two = [], []
+            for _ in range(args.repeats):
+                one.append(scale_loop(bootstrap, topic4, args.records, args.buffer, args.dim, 1))
+                two.append(scale_loop(bootstrap, topic4, args.records, args.buffer, args.dim, 2))
+            for i, what in ((0, "start to end"), (1, "steady state")):
+                o = statistics.median(r[i] for r in one)
+                t = statistics.median(r[i] for r in two)
+                print(f"per-partition, 1 process ({what}) : {o:10.0f} records/s")
+                print(f"per-partition, 2 processes ({what}): {t:10.0f} records/s")
+                print(f"ratio two / one process ({what})   : {t / o:10.2f}")
     finally:
         subprocess.run(["bash", str(KAFKA), "stop", "--dir", str(rundir)], check=False)
 

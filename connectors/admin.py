@@ -176,10 +176,13 @@ def topic_partitions(admin: Any, topics: Sequence[str]) -> dict[str, int | None]
     return out
 
 
-def ensure_topic(admin: Any, topic: str, partitions: int = 1) -> bool:
+def ensure_topic(
+    admin: Any, topic: str, partitions: int = 1, configs: dict[str, str] | None = None
+) -> bool:
     """Create ``topic`` if it does not exist; return True if it was created.
 
-    The broker's defaults apply to everything else (replication factor, retention).
+    ``configs`` are topic settings (e.g. ``{"cleanup.policy": "compact"}``); the broker's
+    defaults apply to everything else (replication factor, retention).
 
     Raises
     ------
@@ -191,7 +194,10 @@ def ensure_topic(admin: Any, topic: str, partitions: int = 1) -> bool:
     if topic_partitions(admin, [topic]).get(topic) is not None:
         return False
     try:
-        admin.create_topics({topic: {"num_partitions": partitions}}, wait_for_metadata=True)
+        spec: dict[str, Any] = {"num_partitions": partitions}
+        if configs:
+            spec["configs"] = dict(configs)
+        admin.create_topics({topic: spec}, wait_for_metadata=True)
     except TopicAlreadyExistsError:
         return False  # created by someone else meanwhile
     except Exception as err:  # noqa: BLE001 - a one-line diagnosis

@@ -42,9 +42,11 @@ __all__ = [
     "InputRecord",
     "Label",
     "RecordError",
+    "ReleaseEncoder",
     "ReleaseMessage",
     "WEIGHTS_DTYPE",
     "conform_features",
+    "parse_conformed",
     "parse_record",
     "release_message_bytes",
 ]
@@ -428,6 +430,82 @@ def parse_record(
         raise _record_error_from_validation(err) from None
 
 
+_FLOAT_INT = 2**1023
+
+
+def _plain_number(value: object) -> bool:
+    """A JSON number that :class:`InputRecord` takes as it is: a finite float, or an int that
+    fits a float (anything else goes through the full validation, which says why not)."""
+    kind = type(value)
+    if kind is float:
+        return math.isfinite(value)  # type: ignore[arg-type]
+    return kind is int and -_FLOAT_INT < value < _FLOAT_INT  # type: ignore[operator]
+
+
+def parse_conformed(
+    raw: bytes | bytearray | memoryview | str,
+    feature_names: Sequence[str],
+    known: Container[str],
+    *,
+    max_bytes: int = 1_000_000,
+) -> tuple[dict[str, float] | list[float], Label, int]:
+    """:func:`parse_record` then :func:`conform_features`, with a fast path for plain records.
+
+    A record whose fields are what JSON decodes plainly (an object ``x`` of finite numbers, a
+    boolean, number or non-empty string ``y``, a string or absent ``key``, an absent ``ts``) is
+    checked here without building an :class:`InputRecord`; any other record goes through the
+    full validation. Both paths accept the same records with the same values and reject the
+    same ones with the same reason (``tests/test_fast_records.py`` holds them equal).
+
+    Parameters
+    ----------
+    raw : bytes or str
+    feature_names : sequence of str
+        The declared schema, in model order.
+    known : container of str
+        ``frozenset(feature_names)``.
+    max_bytes : int, default 1_000_000
+
+    Returns
+    -------
+    x : dict of str to float, or list of float
+    y : bool, int, float or str
+    n_unknown : int
+
+    Raises
+    ------
+    RecordError
+
+    Examples
+    --------
+    >>> parse_conformed(b'{"x": {"a": 1, "zz": 2.5}, "y": true}', ["a", "b"], {"a", "b"})
+    ({'a': 1.0}, True, 1)
+    """
+    data = None
+    if isinstance(raw, bytes) and len(raw) <= max_bytes:
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            data = None  # the full path names the reason
+    if type(data) is dict:
+        x, y, key = data.get("x"), data.get("y"), data.get("key")
+        kind_y = type(y)
+        if (
+            type(x) is dict
+            and x
+            and (kind_y is bool or (kind_y is str and y) or _plain_number(y))
+            and (key is None or type(key) is str)
+            and data.get("ts") is None
+            and all(_plain_number(v) for v in x.values())
+        ):
+            kept = {k: float(v) for k, v in x.items() if k in known}
+            if kept:
+                return kept, y, len(x) - len(kept)
+    record = parse_record(raw, max_bytes=max_bytes)
+    x, n_unknown = conform_features(record, feature_names, known)
+    return x, record.y, n_unknown
+
+
 #: How release weights travel: little-endian IEEE-754 float64, C order, base64 (RFC 4648).
 WEIGHTS_DTYPE = "<f8"
 
@@ -594,6 +672,89 @@ class ReleaseMessage(BaseModel):
     def from_json(cls, data: bytes | str) -> ReleaseMessage:
         """Parse and validate a release produced by :meth:`to_json` (or a version 1 one)."""
         return cls.model_validate(json.loads(data))
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _number(value: object) -> str:
+    """A finite float as JSON: its ``repr``, which is what :func:`json.dumps` writes."""
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number):
+        raise ValueError(f"{number} is not a finite number")
+    return repr(number)
+
+
+class ReleaseEncoder:
+    """Serialise a learner's release fields to the bytes of a :class:`ReleaseMessage`, fast.
+
+    The engine publishes one release per learning step. The fields that stay the same for a
+    model's run (ids, algorithm, task, shape, feature names, budget, δ, privacy flag) are
+    encoded once into a template; each release fills in its step, counters, weights, spent
+    budget and time. The bytes are compact JSON that :meth:`ReleaseMessage.from_json` reads
+    into exactly the message ``ReleaseMessage(**fields)`` would be (``tests/test_fast_records.py``
+    holds them equal); non-finite weights or budgets are refused as there.
+
+    Examples
+    --------
+    >>> f = dict(model_id="m", algorithm="a", task="auc", step=3, release_index=1,
+    ...          weights=[0.5, -1.0], shape=[2], feature_names=["p", "q"], rho_spent=0.1,
+    ...          rho_budget=1.0, epsilon_spent=1.2, delta=1e-6, exhausted=False)
+    >>> raw = ReleaseEncoder().encode(f, run_id="r", time=0.0)
+    >>> ReleaseMessage.from_json(raw) == ReleaseMessage(**f, run_id="r", time=0.0)
+    True
+    """
+
+    _CONSTANT = ("model_id", "run_id", "algorithm", "task", "shape", "feature_names",
+                 "rho_budget", "delta", "private")  # fmt: skip
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._head = self._middle = self._tail = ""
+
+    def _template(self, data: Mapping[str, Any]) -> None:
+        c = {k: data[k] for k in self._CONSTANT}
+        self._head = (
+            f'{{"schema_version":2,"model_id":{_json(c["model_id"])},'
+            f'"run_id":{_json(c["run_id"])},"algorithm":{_json(c["algorithm"])},'
+            f'"task":{_json(c["task"])},"step":'
+        )
+        self._middle = f'","dtype":"{WEIGHTS_DTYPE}","shape":{_json(list(c["shape"]))},' + (
+            f'"feature_names":{_json(list(c["feature_names"]))},"rho_spent":'
+        )
+        self._tail = (
+            f',"rho_budget":{_json(c["rho_budget"])},"delta":{_json(c["delta"])}',
+            f',"private":{_json(bool(c["private"]))},"time":',
+        )
+
+    def encode(self, fields: Mapping[str, Any], **more: Any) -> bytes:
+        """The message bytes of ``fields`` (a learner's ``release_message()``) and ``more``
+        (``run_id``, ``time``; ``private`` defaults to True, ``time`` to now)."""
+        data = {"run_id": None, "private": True, **fields, **more}
+        arr = np.asarray(data["weights"], dtype=np.float64)
+        if not np.isfinite(arr).all():
+            raise ValueError("weights must be finite")
+        if not data.get("shape"):
+            data["shape"] = list(arr.shape)
+        key = tuple(
+            tuple(v) if isinstance(v, list | tuple) else v
+            for v in (data[k] for k in self._CONSTANT)
+        )
+        if key != self._key:
+            self._template(data)
+            self._key = key
+        weights = base64.b64encode(arr.astype(WEIGHTS_DTYPE, copy=False).tobytes()).decode()
+        when = data.get("time")
+        stamp = time.time() if when is None else when
+        text = (
+            f'{self._head}{int(data["step"])},"release_index":{int(data["release_index"])},'
+            f'"weights":"{weights}{self._middle}{_number(data["rho_spent"])}'
+            f'{self._tail[0]},"epsilon_spent":{_number(data["epsilon_spent"])}'
+            f',"exhausted":{"true" if data["exhausted"] else "false"}{self._tail[1]}'
+            f"{_number(stamp)}}}"
+        )
+        return text.encode("utf-8")
 
 
 def release_message_bytes(

@@ -42,6 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_watch_arguments(
         sub.add_parser("watch", help="read a release topic; rebuild and score each release")
     )
+    from stream_dp.engine import merge
+
+    merge.add_merge_arguments(
+        sub.add_parser(
+            "merge",
+            help="publish the average of a per-partition model's latest releases (no budget)",
+            description=merge.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     return parser
 
 

@@ -2,7 +2,8 @@
 
 See :mod:`stream_dp.engine.runner` for the loop and its start-up, :mod:`stream_dp.engine.commit`
 for the commit cycle that keeps one release content per step, :mod:`stream_dp.engine.state` for
-the state directory and its lock.
+the state directory and its lock, :mod:`stream_dp.engine.scaleout` for one learner per input
+partition on a consumer group.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from stream_dp.engine.runner import (
     KafkaUnavailable,
     StateError,
 )
+from stream_dp.engine.scaleout import ScaleOut
 
 __all__ = [
     "ConfigError",
@@ -25,6 +27,7 @@ __all__ = [
     "EngineStats",
     "Fenced",
     "KafkaUnavailable",
+    "ScaleOut",
     "StateError",
     "load_config",
 ]

@@ -11,7 +11,8 @@ Exit codes:
 * 0 -- done (input ended, --max-records reached, or stopped by SIGTERM/Ctrl-C);
 * 1 -- unexpected error (the traceback only with --debug);
 * 2 -- invalid configuration: a field, no declared schema (``model.features``), model
-  settings, or releases too large for the release sink;
+  settings, releases too large for the release sink, or (per-partition scale-out) no master
+  secret;
 * 3 -- refused because of the model's state: the state directory is in use by another engine,
   the checkpoint is missing, damaged, older than what was published or of another run, or
   another run of the model has published;
@@ -62,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-records", type=int, default=None, help="stop after this many input messages"
+    )
+    parser.add_argument(
+        "--instance",
+        default=None,
+        help="per-partition scale-out: this instance's name, inserted in its status file name "
+        "(status.<name>.json) so instances on one machine do not share one",
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     add_common_arguments(parser)
@@ -163,7 +170,28 @@ def dry_run(config) -> str:
         "",
         *_table(learner.noise_plan(steps)),
     ]
+    if config.scale.mode == "per-partition":
+        lines += ["", *_scale_plan(config, learner.budget.limit)]
     return "\n".join(lines)
+
+
+def _scale_plan(config, rho: float) -> list[str]:
+    """A person's guarantee over K partition learners: both compositions, and which holds."""
+    from stream_dp.privacy.conversions import epsilon_from_rho
+
+    m, keyed = config.model, config.scale.privacy_unit_key
+    conversion = getattr(m, "conversion", "tight")
+    lines = [
+        f"per-partition: one learner per input partition ({m.model_id}/p<k>), each within "
+        f"ε={m.epsilon}, δ={m.delta} (ρ={rho:.6g})",
+        f"  parallel composition (records keyed by the person): ε={m.epsilon:.4g} for any K"
+        + ("   <- holds (scale.privacy_unit_key = true)" if keyed else ""),
+        "  sum over K partitions (a person may be in all of them):"
+        + ("" if keyed else "   <- holds (scale.privacy_unit_key = false)"),
+    ]
+    for k in (2, 4, 8, 16):
+        lines.append(f"    K={k:<3} ε={epsilon_from_rho(k * rho, m.delta, conversion):.4g}")
+    return lines
 
 
 _LABELS = {
@@ -194,18 +222,55 @@ def _table(rows: list[dict]) -> list[str]:
 def _codes() -> dict[type[BaseException], int]:
     from stream_dp.checkpoint import CheckpointError
     from stream_dp.engine.config import ConfigError
+    from stream_dp.engine.master_secret import MasterSecretError
     from stream_dp.engine.preflight import ReleaseTooLarge
     from stream_dp.engine.runner import EngineError
     from stream_dp.privacy.accountant import JournalError
 
     return {
         ConfigError: 2,
+        MasterSecretError: 2,
         ReleaseTooLarge: 2,
         EngineError: 3,  # refined by exit_code below
         CheckpointError: 3,
         JournalError: 3,
         OSError: 3,
     }
+
+
+def _engine_failure(exc: Exception, args: argparse.Namespace) -> int:
+    """One stderr line and the error's exit code (the traceback with ``--debug``)."""
+    if getattr(args, "debug", False):
+        raise exc
+    print(f"stream-dp run: {' '.join(str(exc).split())}", file=sys.stderr)
+    return exc.exit_code
+
+
+def _run_scaleout(config, args: argparse.Namespace) -> int:
+    """One instance of a per-partition model; refuses to start without the master secret."""
+    from stream_dp.engine.config import ConfigError
+    from stream_dp.engine.master_secret import load_master_secret
+    from stream_dp.engine.runner import EngineError
+    from stream_dp.engine.scaleout import ScaleOut
+
+    scale = config.scale
+    secret = load_master_secret(scale.master_secret_file, scale.master_secret_env)
+    try:
+        instance = ScaleOut(
+            config,
+            master_secret=secret,
+            fresh=args.fresh,
+            max_records=args.max_records,
+            instance=getattr(args, "instance", None),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        status = instance.run()
+    except EngineError as exc:
+        return _engine_failure(exc, args)
+    print(json.dumps({k: status[k] for k in ("records", "composition", "rho", "epsilon_spent")}))
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -218,6 +283,8 @@ def main(args: argparse.Namespace) -> int:
         from stream_dp.engine.runner import Engine, EngineError
 
         config = load_config(args.config)
+        if config.scale.mode == "per-partition" and not args.dry_run:
+            return _run_scaleout(config, args)
         try:
             if args.dry_run:
                 print(dry_run(config))
@@ -230,10 +297,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             stats = engine.run()
         except EngineError as exc:
-            if getattr(args, "debug", False):
-                raise
-            print(f"stream-dp run: {' '.join(str(exc).split())}", file=sys.stderr)
-            return exc.exit_code
+            return _engine_failure(exc, args)
         eps, delta = engine.learner.accountant.spent()
         print(json.dumps({**stats.to_dict(), "epsilon_spent": eps, "delta": delta}))
         return 0

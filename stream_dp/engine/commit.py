@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from stream_dp.checkpoint import save_checkpoint
 from stream_dp.engine.state import Published, StateDir
 
 __all__ = [
+    "CHECKPOINTS",
     "DEAD_LETTERS",
     "RELEASES",
     "CommitCycle",
@@ -47,6 +49,8 @@ log = logging.getLogger("stream_dp.engine")
 
 RELEASES = "releases"
 DEAD_LETTERS = "dead_letters"
+#: The checkpoint that holds a cycle, published with it when a checkpoint topic is configured.
+CHECKPOINTS = "checkpoints"
 
 
 @dataclass
@@ -277,6 +281,7 @@ class CommitCycle:
         self.prior: Published | None = None
         #: True between a cycle's checkpoint and the end of its publication.
         self.unpublished = False
+        self._inflight: _Publication | None = None
 
     # -- identity --------------------------------------------------------------------------
     def new_run(self) -> None:
@@ -381,19 +386,98 @@ class CommitCycle:
 
     def checkpoint(self, learner_state: dict, positions: dict, meta: dict) -> None:
         """End a cycle: the next cycle number, and the checkpoint that holds the cycle."""
+        self.settle()
         self.seq += 1
         self.save(learner_state, positions, meta)
         self.unpublished = True
 
+    def _with_checkpoint(self, messages: list) -> list:
+        """The cycle's messages, and its checkpoint's bytes if the outputs take checkpoints.
+
+        Published in the cycle's transaction, the checkpoint in the topic is always the one of
+        the last published cycle, so a resume from it needs to publish nothing again.
+        """
+        if CHECKPOINTS not in self.outputs.sinks:
+            return messages
+        return [*messages, (CHECKPOINTS, self.model_id, self.state.checkpoint.read_bytes())]
+
     def publish(self, positions: dict, **hooks: Callable) -> None:
         """Publish the current cycle's outbox and record it; the outbox is then empty."""
+        self.settle(**hooks)
         self.outputs.publish(
-            self.outbox.messages, positions, Published(self.run_id, self.seq), **hooks
+            self._with_checkpoint(self.outbox.messages),
+            positions,
+            Published(self.run_id, self.seq),
+            **hooks,
         )
         self.outbox.clear()
+        self._published(positions)
+
+    def _published(self, positions: dict) -> None:
         self.committed_positions = positions
         self.last_published = (self.seq, time.time())
         self.unpublished = False
+
+    def publish_in_background(self, positions: dict) -> None:
+        """Start publishing the checkpointed cycle; learning goes on into a new outbox.
+
+        At most one cycle is ever in flight: :meth:`settle` (called by the next
+        :meth:`checkpoint` and :meth:`publish`) waits for it, so a checkpoint is never written
+        while the previous cycle's publication is unsettled -- after a crash, the record shows
+        the checkpoint's cycle or the one before, as :meth:`recover` expects.
+        """
+        self.settle()
+        messages, self.outbox = self._with_checkpoint(self.outbox.messages), Outbox()
+        self._inflight = _Publication(
+            self.outputs, messages, positions, Published(self.run_id, self.seq)
+        )
+        self._inflight.start()
+
+    @property
+    def in_flight(self) -> int:
+        """Messages of the cycle being published in the background (0: none)."""
+        job = self._inflight
+        return 0 if job is None else len(job.messages)
+
+    def settle_if_done(self) -> None:
+        """Settle the background publication if it has finished (never waits)."""
+        job = self._inflight
+        if job is not None and not job.is_alive():
+            self.settle()
+
+    def settle(
+        self,
+        on_retry: Callable[[BaseException], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
+        """Wait for the publication in flight (if any); raise its error.
+
+        ``on_wait`` is called about twice a second meanwhile and may raise to give up: the
+        publication is then abandoned (its transaction aborted by the next writer; the
+        checkpoint holds its messages).
+        """
+        job = self._inflight
+        if job is None:
+            return
+        try:
+            while job.is_alive():
+                job.join(timeout=0.5)
+                if job.is_alive() and on_wait is not None:
+                    on_wait()
+        except BaseException:
+            self.abandon()
+            raise
+        self._inflight = None
+        if job.error is not None:
+            raise job.error
+        self._published(job.positions)
+
+    def abandon(self) -> None:
+        """Give up the publication in flight (stop, deadline, shutdown); never raises."""
+        job, self._inflight = self._inflight, None
+        if job is not None:
+            job.cancel.set()
+            job.join(timeout=2.0)
 
     def recover(self, positions: dict, record: PublicationRecord, **hooks: Callable) -> None:
         """After becoming the writer: publish the checkpoint's cycle unless the record has it."""
@@ -413,3 +497,40 @@ class CommitCycle:
             log.info("publishing the %d message(s) of cycle %d left by the previous process",
                      len(self.outbox), self.seq)  # fmt: skip
         self.publish(positions, **hooks)
+
+
+class _Cancelled(Exception):
+    """The engine gave up a background publication (stop, deadline, shutdown)."""
+
+
+class _Publication(threading.Thread):
+    """One cycle's publication, run beside the learning of the next cycle."""
+
+    def __init__(
+        self,
+        outputs: Outputs,
+        messages: list[tuple[str, str | None, bytes]],
+        positions: dict,
+        published: Published,
+    ) -> None:
+        super().__init__(name=f"stream-dp-publish-{published.seq}", daemon=True)
+        self.outputs, self.messages = outputs, messages
+        self.positions, self.published = positions, published
+        self.cancel = threading.Event()
+        self.error: BaseException | None = None
+
+    def _check(self, *_: object) -> None:
+        if self.cancel.is_set():
+            raise _Cancelled()
+
+    def run(self) -> None:
+        try:
+            self.outputs.publish(
+                self.messages,
+                self.positions,
+                self.published,
+                on_retry=self._check,
+                on_wait=self._check,
+            )
+        except BaseException as err:  # noqa: BLE001 - handed to settle() in the engine thread
+            self.error = err

@@ -63,6 +63,7 @@ __all__ = [
     "EngineConfig",
     "KafkaConfig",
     "ModelConfig",
+    "ScaleConfig",
     "check_model",
     "SinkConfig",
     "SourceConfig",
@@ -212,6 +213,43 @@ class KafkaConfig(_Strict):
     )
 
 
+class ScaleConfig(_Strict):
+    """Scale-out on a Kafka consumer group (``docs/privacy.md``, "Scale-out").
+
+    ``mode = "per-partition"`` runs one learner per input partition (model id
+    ``<model_id>/p<k>``, its own noise key, ledger, checkpoint and transactional id); instances
+    subscribe to the source's consumer group and Kafka assigns the partitions.
+    """
+
+    mode: Literal["single", "per-partition"] = "single"
+    privacy_unit_key: bool = Field(
+        False,
+        description="The producer keys every record by the privacy unit (the person), so all "
+        "of one person's records land in one partition and the partition learners compose in "
+        "parallel (the guarantee is the maximum over partitions). Otherwise it is the sum.",
+    )
+    master_secret_file: str | None = Field(
+        None,
+        description="File holding the master secret (>= 128 bits, hex) from which every "
+        "partition learner's noise secret is derived. Required in per-partition mode unless "
+        "the environment variable master_secret_env holds it.",
+    )
+    master_secret_env: str = Field("STREAM_DP_MASTER_SECRET", min_length=1)
+    checkpoint_topic: str | None = Field(
+        None,
+        description="A compacted Kafka topic (on the release topic's cluster) that receives "
+        "every partition learner's checkpoint, keyed by its model id, in the transaction that "
+        "publishes the cycle; an instance on an empty state directory resumes from it. It "
+        "holds raw records (the learners' buffers): give it the input topic's ACLs.",
+    )
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=1000,
+        description="Consumer-group session timeout: how long a silent (killed) instance keeps "
+        "its partitions before the group gives them to the others.",
+    )
+
+
 class EngineConfig(_Strict):
     model: ModelConfig = Field(default_factory=lambda: model_section("OnPairStrC")())
     source: SourceConfig
@@ -220,6 +258,7 @@ class EngineConfig(_Strict):
     checkpoint: CheckpointConfig
     status: StatusConfig = Field(default_factory=StatusConfig)
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
     max_message_bytes: int = Field(1_000_000, ge=1)
 
     @model_validator(mode="before")
@@ -243,6 +282,15 @@ class EngineConfig(_Strict):
                 "releases and dead_letters must be on one Kafka cluster (same "
                 "bootstrap_servers and security): one transaction covers both"
             )
+        if self.scale.mode == "per-partition" and (
+            self.source.kind != "kafka" or self.releases.kind != "kafka"
+        ):
+            raise ValueError(
+                'scale.mode = "per-partition" needs a kafka source and a kafka release topic '
+                "(partition learners move between instances with the consumer group)"
+            )
+        if self.scale.checkpoint_topic is not None and self.scale.mode != "per-partition":
+            raise ValueError('scale.checkpoint_topic needs scale.mode = "per-partition"')
         return self
 
     @property
@@ -279,6 +327,7 @@ def _relative_to(raw: dict, base: Path) -> dict:
     out = dict(raw)
     for section, key in (
         ("checkpoint", "path"),
+        ("scale", "master_secret_file"),
         ("status", "file"),
         ("status", "operator_raw_metrics"),
         ("source", "path"),

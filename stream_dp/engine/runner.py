@@ -42,12 +42,13 @@ from typing import Any
 from connectors.schema import (
     DeadLetter,
     RecordError,
+    ReleaseEncoder,
     ReleaseMessage,
-    conform_features,
-    parse_record,
+    parse_conformed,
 )
 from stream_dp.checkpoint import load_checkpoint
 from stream_dp.engine.commit import (
+    CHECKPOINTS,
     DEAD_LETTERS,
     RELEASES,
     CommitCycle,
@@ -80,6 +81,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("stream_dp.engine")
+
+#: Limit on one checkpoint in the checkpoint topic (its ``max.message.bytes``).
+CHECKPOINT_MESSAGE_BYTES = 8 * 1024 * 1024
 
 #: Seconds a stop request (SIGTERM) waits for a publication in progress before leaving it to
 #: the next start (the checkpoint holds it).
@@ -186,6 +190,11 @@ class Engine:
         Override the configured source and sinks (tests, embedding).
     max_records
         Stop after this many input messages (then commit and return).
+    secret
+        The learner's noise secret, derived from a master secret by the caller
+        (:mod:`stream_dp.engine.master_secret`). The checkpoints then hold only its
+        fingerprint -- never the secret -- and a checkpoint written under another secret is
+        refused. Default: the learner draws its own and keeps it in the checkpoint.
 
     Examples
     --------
@@ -215,6 +224,7 @@ class Engine:
         releases=None,
         dead_letters=None,
         max_records: int | None = None,
+        secret: int | None = None,
     ) -> None:
         if config.model.features is None:
             raise ValueError("the engine needs a declared schema (model.features)")
@@ -222,9 +232,13 @@ class Engine:
         self.fresh = fresh
         self.max_records = max_records
         self.learner = build_learner(config)
+        self._secret = secret
+        if secret is not None:
+            self._use_secret(secret)
         self.state = StateDir(config.checkpoint.path)
         self._features = tuple(config.model.features)
         self._known = frozenset(self._features)
+        self._encoder = ReleaseEncoder()
         self._source = source
         self._given_sinks = {RELEASES: releases, DEAD_LETTERS: dead_letters}
         self.outputs: Outputs | None = None
@@ -241,6 +255,17 @@ class Engine:
         self._outage_logged: float | None = None
         self.status_writer = StatusWriter(config.status.file, config.status.operator_raw_metrics)
         self.ckpt_path = self.state.checkpoint
+
+    def _use_secret(self, secret: int) -> None:
+        """Hand the learner its secret through its public checkpoint surface.
+
+        A learner refuses an explicit ``seed`` unless the run is declared non-private (a
+        guessable integer); a secret derived from a 128-bit master is not guessable, and
+        restoring a state with it is how a resumed learner gets its secret anyway.
+        """
+        state = self.learner.state_dict()
+        state["secret"] = int(secret)
+        self.learner.load_state_dict(state)
 
     # -- wiring ------------------------------------------------------------------------------
     @property
@@ -273,6 +298,7 @@ class Engine:
         }
 
     def _open(self) -> None:
+        from connectors.partition import PartitionSource
         from connectors.sources import KafkaSource
 
         cfg = self.config
@@ -290,6 +316,8 @@ class Engine:
                 topic_cfg = sink_cfg
             else:
                 sinks[stream] = build_sink(sink_cfg, private=stream == DEAD_LETTERS)
+        if cfg.scale.checkpoint_topic is not None:
+            sinks[CHECKPOINTS] = cfg.scale.checkpoint_topic
         publisher = None
         if topic_cfg is not None:
             from connectors.transactions import TransactionalPublisher
@@ -300,15 +328,25 @@ class Engine:
                 cfg.transactional_id,
                 attempt_timeout_s=attempt,
                 producer_config={
-                    "max_request_size": cfg.releases.max_request_size,
+                    "max_request_size": max(
+                        cfg.releases.max_request_size,
+                        CHECKPOINT_MESSAGE_BYTES if cfg.scale.checkpoint_topic else 0,
+                    ),
                     "request_timeout_ms": int(min(30.0, attempt / 2) * 1000),
                     "delivery_timeout_ms": int(attempt * 1000),
                     # Back within seconds of the broker's return, not kafka-python's 30 s.
                     "reconnect_backoff_max_ms": 5000,
+                    # A cycle's messages are sent in one burst and flushed by the commit:
+                    # large batches (fewer requests, fewer wake-ups of the producer's I/O
+                    # thread) cost no latency (docs/performance.md, "Kafka end to end").
+                    "batch_size": 256 * 1024,
+                    "linger_ms": 5,
                 },
                 **topic_cfg.security,
             )
-        kafka_source = self._source if isinstance(self._source, KafkaSource) else None
+        kafka_source = (
+            self._source if isinstance(self._source, KafkaSource | PartitionSource) else None
+        )
         self.outputs = Outputs(
             sinks,
             publisher=publisher,
@@ -327,6 +365,8 @@ class Engine:
         if self.fresh:
             for aside in state.set_aside():
                 log.warning("--fresh: %s kept aside; its run is closed", aside)
+        if not state.checkpoint.exists() and not self.fresh and self.config.scale.checkpoint_topic:
+            self._checkpoint_from_topic()
         if state.checkpoint.exists():
             return self._resume()
         evidence = self._evidence_of_a_previous_run()
@@ -341,6 +381,49 @@ class Engine:
                 )
             log.warning("--fresh: starting a new run although %s", "; ".join(evidence))
         return self._start_run()
+
+    def _checkpoint_from_topic(self) -> None:
+        """Put the learner's latest published checkpoint from the checkpoint topic in place.
+
+        The checkpoint's checksums and its header's model id (``<model>/p<k>``: model and
+        partition) are checked before it is used; a damaged or foreign one is refused.
+        """
+        from connectors.admin import latest_with_key
+        from stream_dp.checkpoint import CheckpointError, write_private
+
+        cfg, state = self.config, self.state
+        topic, rel, model_id = cfg.scale.checkpoint_topic, cfg.releases, cfg.model.model_id
+        try:
+            value = latest_with_key(
+                rel.bootstrap_servers,
+                topic,
+                model_id.encode(),
+                tail=512,
+                timeout_s=cfg.kafka.startup_timeout_seconds,
+                **rel.security,
+            )
+        except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback
+            raise KafkaUnavailable(f"cannot read checkpoint topic {topic!r}: {err}") from None
+        if value is None:
+            return
+        candidate = state.checkpoint.with_name(state.checkpoint.name + ".from-topic")
+        try:
+            write_private(candidate, value)
+            load_checkpoint(
+                candidate,
+                model_id=model_id,
+                learner_class=type(self.learner).__name__,
+                params=self.learner._get_params(),
+            )
+        except CheckpointError as err:
+            candidate.unlink(missing_ok=True)
+            raise StateError(
+                f"the checkpoint of {model_id!r} in topic {topic!r} is refused: {err}"
+            ) from None
+        except OSError as err:
+            raise StateError(f"cannot write checkpoint {state.checkpoint}: {err}") from None
+        candidate.replace(state.checkpoint)
+        log.info("checkpoint of %s taken from topic %s", model_id, topic)
 
     def _evidence_of_a_previous_run(self) -> list[str]:
         state, cfg = self.state, self.config
@@ -453,6 +536,16 @@ class Engine:
             params=self.learner._get_params(),
         )
         self.cycle.resume(c.meta)
+        if self._secret is not None:
+            from stream_dp.engine.master_secret import secret_fingerprint
+
+            if c.meta.get("secret_fingerprint") != secret_fingerprint(self._secret):
+                raise StateError(
+                    f"checkpoint {state.checkpoint} of model {cfg.model.model_id!r} was written "
+                    "under another master secret: resuming would publish replayed steps with "
+                    "other noise. Start every instance with the same master secret"
+                )
+            c.learner_state["secret"] = self._secret
         acc_state = self.learner.ledger_state(c.learner_state)
         if "journal" in acc_state:  # it lives beside the checkpoint, wherever that moved
             acc_state["journal"] = {**acc_state["journal"], "path": str(state.journal)}
@@ -519,13 +612,20 @@ class Engine:
     # -- the commit cycle --------------------------------------------------------------------
     def _learner_state(self) -> dict:
         state = self.learner.state_dict()
+        if self._secret is not None:
+            state["secret"] = None  # derived from the master secret; never at rest
         acc = self.learner.ledger_state(state)
         if "journal" in acc:  # named relative to the checkpoint, so the directory can move
             acc["journal"] = {**acc["journal"], "path": self.state.journal.name}
         return state
 
     def _meta(self) -> dict:
-        return {"stats": self.stats.to_dict(), "dead_counts": dict(self.dead_counts)}
+        meta = {"stats": self.stats.to_dict(), "dead_counts": dict(self.dead_counts)}
+        if self._secret is not None:
+            from stream_dp.engine.master_secret import secret_fingerprint
+
+            meta["secret_fingerprint"] = secret_fingerprint(self._secret)
+        return meta
 
     def _save(self, positions: dict) -> None:
         try:
@@ -533,8 +633,13 @@ class Engine:
         except OSError as err:
             raise StateError(f"cannot write checkpoint {self.state.checkpoint}: {err}") from None
 
-    def commit(self, *, publish: bool = True) -> None:
-        """End the cycle: checkpoint (learner, ledger, positions, outbox), then publish it."""
+    def commit(self, *, publish: bool = True, background: bool = False) -> None:
+        """End the cycle: checkpoint (learner, ledger, positions, outbox), then publish it.
+
+        With ``background`` (and Kafka topics to publish to), the publication runs beside the
+        learning of the next cycle, whose checkpoint waits for it (``CommitCycle.settle``).
+        """
+        self._fenced_as_engine_error(self.cycle.settle, **self._hooks())
         positions = self._source.positions()
         if not self.cycle.pending(positions):
             return
@@ -544,7 +649,11 @@ class Engine:
             self.cycle.checkpoint(self._learner_state(), positions, self._meta())
         except OSError as err:
             raise StateError(f"cannot write checkpoint {self.state.checkpoint}: {err}") from None
-        if publish:
+        if not publish:
+            return
+        if background and self.outputs.publisher is not None:
+            self.cycle.publish_in_background(positions)
+        else:
             self._fenced_as_engine_error(self.cycle.publish, positions, **self._hooks())
 
     def _cycle_due(self, idle: bool) -> bool:
@@ -615,35 +724,12 @@ class Engine:
 
     def run(self) -> EngineStats:
         """Process the source until it ends, ``max_records`` is reached or :meth:`stop`."""
-        from connectors.admin import KafkaProblem
-        from stream_dp.engine.preflight import check_kafka, release_size
-
-        try:
-            self.state.acquire()
-        except StateLocked as err:
-            raise StateError(str(err)) from None
-        except OSError as err:
-            raise StateError(f"cannot use state directory {self.state.dir}: {err}") from None
+        self._acquire()
         handlers = self._install_signals()
         try:
-            self.state.remove_temporaries()
-            release_bytes, _ = release_size(self.config)
-            kafka = self._kafka_parts()
-            if any(kafka.values()):
-                try:
-                    check_kafka(self._checked_config(kafka), release_bytes)
-                except KafkaProblem as err:
-                    raise KafkaUnavailable(str(err)) from None
-            self._open()
-            positions = self._restore()
-            self._source.seek(positions)
-            self._recover()
+            self._start()
             self._loop()
-            try:
-                self.commit()
-            except _Interrupted:
-                self._report_interrupted()
-            self._report_status(time.monotonic())
+            self.finish()
         except _Interrupted:
             self._report_interrupted()
         except KafkaUnavailable:
@@ -653,16 +739,88 @@ class Engine:
             raise StateError(str(err)) from None
         finally:
             self._restore_signals(handlers)
-            self.learner.accountant.storage.close()  # flushes and unlocks a journal
-            if self.outputs is not None:
-                self.outputs.close()
-            if self._source is not None:
-                try:
-                    self._source.close()
-                except Exception:  # noqa: BLE001 - closing must not mask the real error
-                    log.exception("error while closing the source")
-            self.state.release()
+            self.close()
         return self.stats
+
+    def _acquire(self) -> None:
+        try:
+            self.state.acquire()
+        except StateLocked as err:
+            raise StateError(str(err)) from None
+        except OSError as err:
+            raise StateError(f"cannot use state directory {self.state.dir}: {err}") from None
+
+    def start(self) -> None:
+        """Lock the state directory and start up (steps 1-4 above); pair with :meth:`close`.
+
+        For drivers that feed the engine themselves (:meth:`process`), such as the
+        per-partition scale-out; :meth:`run` does all of it.
+        """
+        self._acquire()
+        try:
+            self._start()
+        except RunRefused as err:
+            raise StateError(str(err)) from None
+
+    def _start(self) -> None:
+        from connectors.admin import KafkaProblem
+        from stream_dp.engine.preflight import check_kafka, release_size
+
+        self.state.remove_temporaries()
+        release_bytes, _ = release_size(self.config)
+        kafka = self._kafka_parts()
+        if any(kafka.values()):
+            try:
+                check_kafka(self._checked_config(kafka), release_bytes)
+            except KafkaProblem as err:
+                raise KafkaUnavailable(str(err)) from None
+        self._open()
+        positions = self._restore()
+        self._source.seek(positions)
+        self._recover()
+
+    def process(self, batch: list, *, idle: bool = False) -> None:
+        """Learn one polled batch and end the cycle when it is due (background publication).
+
+        ``idle``: the input has nothing more for now, so the cycle ends (its releases become
+        visible) even before ``checkpoint.every_records`` or ``every_seconds``.
+        """
+        for msg in batch:
+            self._handle(msg)
+        self._since_commit += len(batch)
+        if batch:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = time.time()
+        if self._cycle_due(idle=idle):
+            self.commit(background=True)
+        else:
+            self._fenced_as_engine_error(self.cycle.settle_if_done)
+
+    def finish(self) -> None:
+        """End the last cycle (checkpoint and publish, waiting for it) and report the status."""
+        try:
+            self.commit()
+        except _Interrupted:
+            self._report_interrupted()
+        self._report_status(time.monotonic())
+
+    def close(self) -> None:
+        """Close the ledger, outputs and source and unlock the state directory; never raises."""
+        try:
+            self.learner.accountant.storage.close()  # flushes and unlocks a journal
+        except Exception:  # noqa: BLE001 - closing must not mask the real error
+            log.exception("error while closing the ledger")
+        if self.cycle is not None:
+            self.cycle.abandon()
+        if self.outputs is not None:
+            self.outputs.close()
+        if self._source is not None:
+            try:
+                self._source.close()
+            except Exception:  # noqa: BLE001 - closing must not mask the real error
+                log.exception("error while closing the source")
+        self.state.release()
 
     def _checked_config(self, kafka: dict[str, bool]) -> EngineConfig:
         """The config with the parts the caller overrode replaced by non-Kafka stand-ins."""
@@ -708,15 +866,7 @@ class Engine:
             batch = source.poll(max_records=want, timeout_s=0.5)
             if batch is None:
                 break
-            for msg in batch:
-                self._handle(msg)
-            self._since_commit += len(batch)
-            if batch:
-                self._idle_since = None
-            elif self._idle_since is None:
-                self._idle_since = time.time()
-            if self._cycle_due(idle=not batch):
-                self.commit()
+            self.process(batch, idle=not batch)
             now = time.monotonic()
             if now - self._status_clock >= self.config.status.interval_seconds:
                 self._report_status(now)
@@ -731,8 +881,9 @@ class Engine:
     def _handle(self, msg) -> None:
         self.stats.records += 1
         try:
-            record = parse_record(msg.value, max_bytes=self.config.max_message_bytes)
-            x, n_unknown = conform_features(record, self._features, self._known)
+            x, y, n_unknown = parse_conformed(
+                msg.value, self._features, self._known, max_bytes=self.config.max_message_bytes
+            )
         except RecordError as err:
             self._dead(err.reason, err.message, msg)
             self.stats.dead_letters += 1
@@ -743,7 +894,7 @@ class Engine:
         learner = self.learner
         step_before = learner.step
         try:
-            learner.learn_one(x, record.y)
+            learner.learn_one(x, y)
         except InvalidRecord as err:
             self._dead(err.reason, str(err), msg)
             self.stats.dead_letters += 1
@@ -763,8 +914,8 @@ class Engine:
         if learner.release_step == learner.step:
             fields = learner.release_message()
             fields.setdefault("private", not self.config.model.reproducible)
-            release = ReleaseMessage(**fields, run_id=self.run_id, time=time.time())
-            self.outbox.add(RELEASES, release.model_id, release.to_json())
+            value = self._encoder.encode(fields, run_id=self.run_id, time=time.time())
+            self.outbox.add(RELEASES, fields["model_id"], value)
             self.stats.releases += 1
 
     # -- status ----------------------------------------------------------------------------
@@ -805,7 +956,7 @@ class Engine:
             "broker_unreachable_since": self.broker_unreachable_since,
             "last_published_cycle": cycle,
             "last_published_at": cycle_time,
-            "pending_messages": len(self.outbox),
+            "pending_messages": len(self.outbox) + (self.cycle.in_flight if self.cycle else 0),
             **self.stats.to_dict(),
             "dp_metrics": dp_operator_metrics(self.learner),
         }

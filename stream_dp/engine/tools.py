@@ -28,6 +28,13 @@ def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="bank", help="bundled dataset (bank, pima, ...)")
     parser.add_argument("--max-records", type=int, default=None)
     parser.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="create the topic with this many partitions (if missing) and key each record by "
+        "its record id, so records spread over them (for per-partition scale-out)",
+    )
+    parser.add_argument(
         "--bad-every",
         type=int,
         default=0,
@@ -70,12 +77,23 @@ def _produce(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise _BadArgument(f"--dataset: {err}") from None
     _probe(args.bootstrap)
+    if args.partitions is not None:
+        from connectors.admin import connect, ensure_topic
+
+        if args.partitions < 1:
+            raise _BadArgument("--partitions must be at least 1")
+        admin = connect(args.bootstrap, timeout_s=20.0, what="--bootstrap")
+        try:
+            ensure_topic(admin, args.topic, partitions=args.partitions)
+        finally:
+            admin.close()
     names = data.feature_names
     sent = bad = 0
     with KafkaSink(args.topic, args.bootstrap) as sink:
         for i, (x, y) in enumerate(zip(data.X_stream, data.y_stream, strict=True)):
             rec = {"x": dict(zip(names, (float(v) for v in x), strict=True)), "y": bool(y)}
-            sink.send(None, json.dumps(rec).encode())
+            key = None if args.partitions is None else f"record-{i}"
+            sink.send(key, json.dumps(rec).encode())
             sent += 1
             if args.bad_every and (i + 1) % args.bad_every == 0:
                 sink.send(None, b'{"x": {"oops": "not a number"}, "y": 1}')
@@ -110,11 +128,30 @@ def watch_main(args: argparse.Namespace) -> int:
     return one_line_errors("watch", args.debug, _kafka_codes(), lambda: _watch(args))
 
 
-def _watch(args: argparse.Namespace) -> int:
-    import numpy as np
+def release_consumer(bootstrap: str, topic: str, idle_seconds: float):
+    """A consumer of a release topic from its start, ending after ``idle_seconds`` of silence.
+
+    It reads ``read_committed``: only releases whose checkpoint is durable, each once; the
+    copies in aborted transactions are never shown.
+    """
     from kafka import KafkaConsumer
 
+    return KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        consumer_timeout_ms=int(idle_seconds * 1000),
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+
+
+def _watch(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from connectors import ReleaseMessage
+    from stream_dp.engine.merge import MergedModel
     from stream_dp.metrics import roc_auc
     from stream_dp.records import clip_rows
 
@@ -127,16 +164,7 @@ def _watch(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise _BadArgument(f"--dataset: {err}") from None
     _probe(args.bootstrap)
-    consumer = KafkaConsumer(
-        args.topic,
-        bootstrap_servers=args.bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        # Only releases whose checkpoint is durable: aborted transactions are never shown.
-        isolation_level="read_committed",
-        consumer_timeout_ms=int(args.idle_seconds * 1000),
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-    )
+    consumer = release_consumer(args.bootstrap, args.topic, args.idle_seconds)
     head = f"{'step':>8} {'release':>8} {'ε spent':>9} {'‖w‖':>7}"
     if test is not None:
         head += " test AUC" + (f" AUC(mean of {args.smooth})" if args.smooth > 1 else "")
@@ -151,8 +179,11 @@ def _watch(args: argparse.Namespace) -> int:
             try:
                 rel = ReleaseMessage.from_json(msg.value)
             except ValueError:
-                skipped += 1  # not a release message: another producer shares the topic
-                continue
+                try:
+                    rel = MergedModel.from_json(msg.value)  # stream-dp merge's output
+                except (ValueError, KeyError, TypeError):
+                    skipped += 1  # not a release message: another producer shares the topic
+                    continue
             n += 1
             w = rel.weights_array()
             recent.append(w)

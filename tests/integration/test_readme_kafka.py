@@ -54,10 +54,59 @@ def bash(script: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
+def scale_out_as_written(
+    block: list[str], env: dict, work: Path, tmp_path: Path
+) -> list[subprocess.Popen]:
+    """The "Scale out" block: two instances share the 4 partitions; merge and watch the model."""
+    background = [line for line in block if line.split("#")[0].rstrip().endswith("&")]
+    merge = next(line for line in block if line.startswith("stream-dp merge"))
+    watch = next(line for line in block if line.startswith("stream-dp watch"))
+    setup = [line for line in block if line not in (*background, merge, watch)]
+    assert len(background) == 2
+    done = bash("\n".join(setup) + '\nprintf "\\nSECRET=%s\\n" "$STREAM_DP_MASTER_SECRET"',
+                env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    env["STREAM_DP_MASTER_SECRET"] = re.search(r"^SECRET=(\w+)$", done.stdout, re.M).group(1)
+    sent = int(re.search(r"sent (\d+) records \(0 malformed\) of bank to records4", done.stdout)[1])
+    assert "<- holds" in done.stdout and "sum over K partitions" in done.stdout  # the dry run
+    procs = [
+        subprocess.Popen(["bash", "-c", line.split("&")[0]], cwd=REPO_ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=(tmp_path / f"scale-{i}.log").open("w"))
+        for i, line in enumerate(background)
+    ]  # fmt: skip
+    deadline = time.monotonic() + 300
+    learned: dict[str, int] = {}
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        learned = {}
+        for name in ("status.1.json", "status.2.json"):
+            try:
+                status = json.loads((work / "state" / name).read_text())
+            except (FileNotFoundError, ValueError):
+                continue
+            learned.update({p: s["learned"] for p, s in status["by_partition"].items()})
+        if sorted(learned) == ["0", "1", "2", "3"] and sum(learned.values()) == sent:
+            break
+        time.sleep(0.5)  # polling interval of a bounded wait
+    assert sum(learned.values()) == sent, (learned, sent)
+    merged = bash(merge, env, timeout=120)
+    assert merged.returncode == 0, merged.stderr[-3000:]
+    assert "merged 4 partition(s)" in merged.stdout, merged.stdout[-2000:]
+    watched = bash(watch, env, timeout=120)
+    assert watched.returncode == 0, watched.stderr[-3000:]
+    scores = [float(line.split()[-1]) for line in watched.stdout.splitlines()
+              if re.match(r"\s+\d+\s+4\s", line)]  # fmt: skip
+    assert scores and all(0.0 <= s <= 1.0 for s in scores), watched.stdout[-2000:]
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    return procs
+
+
 def test_run_on_kafka_as_written(tmp_path: Path) -> None:
     if not (REPO_ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    first, second = readme_blocks()
+    first, second, scale = readme_blocks()
     assert first[-1].startswith("stream-dp run") and "--dry-run" not in first[-1]
     assert second[-1].startswith("bash deploy/kafka/kafka.sh stop")
     env = {
@@ -70,6 +119,7 @@ def test_run_on_kafka_as_written(tmp_path: Path) -> None:
     }
     before = work_tree_state()
     engine = None
+    instances: list[subprocess.Popen] = []
     try:
         setup = bash(
             "\n".join(first[:-1]) + '\nprintf "\\nBOOTSTRAP=%s\\nWORK=%s\\n" "$BOOTSTRAP" "$WORK"',
@@ -117,9 +167,15 @@ def test_run_on_kafka_as_written(tmp_path: Path) -> None:
         out, _ = engine.communicate(timeout=120)
         assert engine.returncode == 0
         assert json.loads(out.strip().splitlines()[-1])["learned"] == sent
+
+        instances = scale_out_as_written(scale, env, Path(found["WORK"]), tmp_path)
     finally:
         if engine is not None and engine.poll() is None:
             engine.kill()
+        for proc in instances:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
         stop = bash(second[-1], env, timeout=120)  # the README's own last command
     assert stop.returncode == 0, stop.stderr
     text = log.read_text()

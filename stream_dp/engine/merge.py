@@ -1,0 +1,200 @@
+"""``stream-dp merge``: one model for consumers from the releases of K partition learners.
+
+A per-partition model (:mod:`stream_dp.engine.scaleout`) publishes K release streams,
+``<model>/p0`` ... ``<model>/p<K-1>``. ``merge`` reads the release topic ``read_committed``
+(only releases whose checkpoint is durable), keeps the latest release of every partition
+learner, and publishes their average as ``<model>/merged`` with the partitions, runs and steps
+it used. Averaging published releases is post-processing: it costs no privacy budget.
+
+The cost is accuracy: each partition learner adds its own noise calibrated to its own
+sensitivity, so the average of K models carries about ``1/√K`` of one learner's noise while a
+single central learner over all the data would, at the same step count, carry about ``1/K`` of
+it -- the merged model has about √K times the noise of a central learner. The design that
+removes this cost is a central aggregator: workers send clipped gradient sums (never noised
+models) to one coordinator, which adds the noise once (``docs/privacy.md``, "Scale-out").
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MergedModel", "add_merge_arguments", "merge_main", "merged_message"]
+
+MERGED_SCHEMA = "stream-dp/merged/1"
+
+
+class MergedModel:
+    """A merged model read back from its message (what ``stream-dp watch`` shows).
+
+    Examples
+    --------
+    >>> from connectors import ReleaseMessage
+    >>> r = ReleaseMessage(model_id="m/p0", algorithm="a", task="auc", step=3, release_index=3,
+    ...     weights=[1.0], feature_names=["a"], rho_spent=0.1, rho_budget=1.0,
+    ...     epsilon_spent=1.0, delta=1e-5, exhausted=False, time=0.0)
+    >>> m = MergedModel.from_json(merged_message("m", {"m/p0": r}))
+    >>> m.step, m.weights_array(), m.epsilon_spent
+    (3, array([1.]), 1.0)
+    """
+
+    def __init__(self, data: dict) -> None:
+        if data.get("schema") != MERGED_SCHEMA:
+            raise ValueError("not a merged model message")
+        self.data = data
+        self.model_id, self.task = data["model_id"], data["task"]
+        self.feature_names = list(data["feature_names"])
+        self.step = int(data["steps"])
+        self.release_index = len(data["partitions"])
+        #: The largest partition learner's ε: a person's ε when records are keyed by the person.
+        self.epsilon_spent = max(data["epsilon_spent_by_partition"])
+        self.exhausted = False
+
+    @classmethod
+    def from_json(cls, value: bytes) -> MergedModel:
+        try:
+            data = json.loads(value)
+        except ValueError:
+            raise ValueError("not JSON") from None
+        if not isinstance(data, dict):
+            raise ValueError("not a merged model message")
+        return cls(data)
+
+    def weights_array(self) -> np.ndarray:
+        raw = np.frombuffer(base64.b64decode(self.data["weights"]), dtype="<f8")
+        return raw.reshape(self.data["shape"]).copy()
+
+
+def merged_message(model: str, latest: Mapping[str, Any]) -> bytes:
+    """The merged model of the latest releases ``{partition model id: ReleaseMessage}``.
+
+    Examples
+    --------
+    >>> from connectors import ReleaseMessage
+    >>> def rel(p, w, step):
+    ...     return ReleaseMessage(model_id=f"m/p{p}", algorithm="OnPairStrC", task="auc",
+    ...         step=step, release_index=step, weights=w, feature_names=["a", "b"],
+    ...         rho_spent=0.1, rho_budget=1.0, epsilon_spent=1.0, delta=1e-5,
+    ...         exhausted=False, time=0.0)
+    >>> out = json.loads(merged_message("m", {"m/p0": rel(0, [1.0, 0.0], 5),
+    ...                                       "m/p1": rel(1, [0.0, 1.0], 7)}))
+    >>> out["model_id"], out["steps"], out["partitions"]
+    ('m/merged', 12, {'0': {'run_id': None, 'step': 5, 'release_index': 5}, '1': {'run_id': None, 'step': 7, 'release_index': 7}})
+    >>> np.frombuffer(base64.b64decode(out["weights"]), "<f8")
+    array([0.5, 0.5])
+    """  # noqa: E501 - a doctest's output line
+    rels = sorted(latest.values(), key=lambda r: int(r.model_id.rsplit("/p", 1)[1]))
+    if not rels:
+        raise ValueError("no releases to merge")
+    first = rels[0]
+    for r in rels[1:]:
+        if (r.task, r.shape, r.feature_names) != (first.task, first.shape, first.feature_names):
+            raise ValueError(
+                f"{r.model_id} has another task, shape or schema than {first.model_id}"
+            )
+    mean = np.mean([r.weights_array() for r in rels], axis=0)
+    return json.dumps(
+        {
+            "schema": MERGED_SCHEMA,
+            "model_id": f"{model}/merged",
+            "algorithm": first.algorithm,
+            "task": first.task,
+            "weights": base64.b64encode(mean.astype("<f8").tobytes()).decode(),
+            "dtype": "<f8",
+            "shape": list(first.shape),
+            "feature_names": list(first.feature_names),
+            "steps": sum(r.step for r in rels),
+            "partitions": {
+                r.model_id.rsplit("/p", 1)[1]: {
+                    "run_id": r.run_id,
+                    "step": r.step,
+                    "release_index": r.release_index,
+                }
+                for r in rels
+            },
+            "rho_spent_by_partition": [r.rho_spent for r in rels],
+            "epsilon_spent_by_partition": [r.epsilon_spent for r in rels],
+            "private": all(r.private for r in rels),
+            "time": time.time(),
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    parser.add_argument("--topic", default="releases", help="release topic (default: releases)")
+    parser.add_argument("--model", required=True, help="the per-partition model's model_id")
+    parser.add_argument(
+        "--to", default=None, help="topic of the merged model (default: <topic>.merged)"
+    )
+    parser.add_argument(
+        "--every-seconds", type=float, default=1.0, help="publish at most this often"
+    )
+    parser.add_argument(
+        "--idle-seconds", type=float, default=10.0, help="stop after this long without releases"
+    )
+    from stream_dp.engine.cli import add_common_arguments
+
+    add_common_arguments(parser)
+    parser.set_defaults(func=merge_main)
+
+
+def merge_main(args: argparse.Namespace) -> int:
+    from stream_dp.engine.cli import configure_logging, one_line_errors
+    from stream_dp.engine.tools import _kafka_codes
+
+    configure_logging("WARNING", args.verbose)
+    return one_line_errors("merge", args.debug, _kafka_codes(), lambda: _merge(args))
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from connectors import KafkaSink, ReleaseMessage
+    from stream_dp.engine.tools import _probe, release_consumer
+
+    _probe(args.bootstrap)
+    out_topic = args.to or f"{args.topic}.merged"
+    prefix = f"{args.model}/p"
+    consumer = release_consumer(args.bootstrap, args.topic, args.idle_seconds)
+    latest: dict[str, Any] = {}
+    published = 0
+    last, dirty = -float("inf"), False
+    try:
+        with KafkaSink(out_topic, args.bootstrap) as sink:
+
+            def publish() -> None:
+                nonlocal published, last, dirty
+                value = merged_message(args.model, latest)
+                sink.send(f"{args.model}/merged", value)
+                sink.flush()
+                published, last, dirty = published + 1, time.monotonic(), False
+                info = json.loads(value)
+                steps = {p: v["step"] for p, v in info["partitions"].items()}
+                print(f"merged {len(steps)} partition(s) at steps {steps}")
+                sys.stdout.flush()
+
+            for msg in consumer:
+                key = (msg.key or b"").decode("utf-8", "replace")
+                if not key.startswith(prefix) or not key[len(prefix) :].isdigit():
+                    continue
+                try:
+                    rel = ReleaseMessage.from_json(msg.value)
+                except ValueError:
+                    continue
+                latest[key] = rel
+                dirty = True
+                if time.monotonic() - last >= args.every_seconds:
+                    publish()
+            if dirty:
+                publish()
+    finally:
+        consumer.close()
+    print(f"{published} merged model(s) published to {out_topic}")
+    return 0

@@ -1,0 +1,493 @@
+"""Per-partition scale-out: one learner per input partition, partitions assigned by Kafka.
+
+With ``scale.mode = "per-partition"`` every instance of a model joins the source's consumer
+group with ``subscribe()``; Kafka's group protocol decides which instance reads which
+partition. Partition ``k`` feeds its own learner ``<model_id>/p<k>`` -- its own noise key,
+ledger, buffer, checkpoint (``<checkpoint dir>/p<k>/``), commit cycle and transactional id
+(``stream-dp.<model_id>/p<k>``) -- run by an :class:`stream_dp.engine.runner.Engine` fed by a
+:class:`connectors.partition.PartitionSource`.
+
+Exactly once across rebalances
+------------------------------
+kafka-python rebalances eagerly: every member gives up its partitions before any member gets
+new ones. On ``on_partitions_revoked`` an instance ends the cycle of each partition it loses
+(checkpoint, then one transaction with the releases and the partition's offset) and unlocks
+its state; on ``on_partitions_assigned`` the instance that gains a partition resumes that
+learner from its checkpoint exactly as a restarted single-learner engine does: it takes the
+partition's transactional id (fencing a zombie that still believes it owns it), publishes the
+checkpoint's outbox unless the group's commit tag shows it published, and continues at the
+checkpoint's position. Records within one partition come in Kafka's order, so a replay after a
+crash learns them in the same order and re-derives the same releases; and a release is only
+ever published from a durable checkpoint (:mod:`stream_dp.engine.commit`). Hence, per
+partition learner, one release content per step.
+
+Secrets
+-------
+Each partition learner's secret is derived from the instances' shared master secret
+(:mod:`stream_dp.engine.master_secret`); checkpoints hold its fingerprint, never the secret.
+
+Accounting
+----------
+A person's records are all in one partition only if the producer keys records by the person
+(``scale.privacy_unit_key = true``): then the partition learners see disjoint people and
+compose in parallel -- a person's guarantee is the largest partition's. Otherwise a person may
+be in every partition and the guarantees add up (``docs/privacy.md``, "Scale-out").
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from connectors._retry import Backoff
+from stream_dp.engine.config import EngineConfig
+from stream_dp.engine.master_secret import partition_secret
+from stream_dp.engine.runner import Engine, StateError
+from stream_dp.engine.state import StateLocked
+from stream_dp.engine.status import StatusWriter
+
+__all__ = ["ScaleOut", "composition", "partition_config"]
+
+log = logging.getLogger("stream_dp.engine")
+
+
+def partition_config(config: EngineConfig, partition: int) -> EngineConfig:
+    """The config of partition ``partition``'s learner: its model id, state directory, no status.
+
+    Examples
+    --------
+    >>> from stream_dp.engine.config import EngineConfig
+    >>> cfg = EngineConfig.model_validate({
+    ...     "model": {"features": ["a"], "model_id": "bank"},
+    ...     "source": {"kind": "kafka", "topic": "t", "bootstrap_servers": "b", "group_id": "g"},
+    ...     "releases": {"kind": "kafka", "topic": "r", "bootstrap_servers": "b"},
+    ...     "dead_letters": {"kind": "stdout"},
+    ...     "checkpoint": {"path": "state/model.ckpt"}, "scale": {"mode": "per-partition"}})
+    >>> p = partition_config(cfg, 3)
+    >>> p.model.model_id, p.checkpoint.path, p.transactional_id
+    ('bank/p3', 'state/p3/model.ckpt', 'stream-dp.bank/p3')
+    """
+    ckpt = Path(config.checkpoint.path)
+    return config.model_copy(
+        update={
+            "model": config.model.model_copy(
+                update={"model_id": f"{config.model.model_id}/p{partition}"}
+            ),
+            "checkpoint": config.checkpoint.model_copy(
+                update={"path": str(ckpt.parent / f"p{partition}" / ckpt.name)}
+            ),
+            "status": config.status.model_copy(update={"file": None, "operator_raw_metrics": None}),
+        }
+    )
+
+
+def composition(rho_by_partition: dict[int, float], privacy_unit_key: bool) -> dict[str, Any]:
+    """What a person's guarantee is across partition learners, in zCDP's ρ.
+
+    Parallel composition (records keyed by the privacy unit: one person, one partition) gives
+    the maximum over partitions; otherwise a person may be in every partition and the ρ add up.
+
+    Examples
+    --------
+    >>> composition({0: 0.1, 1: 0.3}, privacy_unit_key=True)["rho"]
+    0.3
+    >>> round(composition({0: 0.1, 1: 0.3}, privacy_unit_key=False)["rho"], 6)
+    0.4
+    """
+    values = list(rho_by_partition.values())
+    parallel, total = max(values, default=0.0), sum(values)
+    return {
+        "composition": "parallel (max over partitions)"
+        if privacy_unit_key
+        else "sequential (sum over partitions)",
+        "rho": parallel if privacy_unit_key else total,
+        "rho_parallel": parallel,
+        "rho_sum": total,
+    }
+
+
+class _ListenerError(Exception):
+    """Carries an error out of a rebalance callback (kafka-python would only log it)."""
+
+
+class ScaleOut:
+    """One instance of a per-partition model: a group consumer and a learner per partition.
+
+    Parameters
+    ----------
+    config : EngineConfig
+        With ``scale.mode = "per-partition"``.
+    master_secret : int
+        The model's master secret (the same on every instance).
+    fresh : bool
+        Passed to each partition learner (see :class:`Engine`).
+    max_records : int, optional
+        Stop after this many input messages (over all partitions).
+    instance : str, optional
+        Name of this instance: its status file is ``<status stem>.<instance><suffix>``.
+
+    Examples
+    --------
+    >>> ScaleOut(config, master_secret=load_master_secret(path, env)).run()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        master_secret: int,
+        fresh: bool = False,
+        max_records: int | None = None,
+        instance: str | None = None,
+    ) -> None:
+        if config.scale.mode != "per-partition":
+            raise ValueError('ScaleOut needs scale.mode = "per-partition"')
+        self.config = config
+        self.master_secret = master_secret
+        self.fresh = fresh
+        self.max_records = max_records
+        self.engines: dict[int, Engine] = {}
+        #: Input messages this instance has handed to its partition learners.
+        self.records = 0
+        self._consumer: Any = None
+        self._error: BaseException | None = None
+        self._gained: list[Any] = []
+        #: ``time.time()`` since which the group consumer has not reached Kafka (None: it has).
+        self.unreachable_since: float | None = None
+        self._backoff = Backoff(maximum=10.0, logger=log, what="Kafka group consume")
+        self._stop = threading.Event()
+        status_file = config.status.file
+        if status_file is not None and instance is not None:
+            if not instance.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"instance name {instance!r}: letters, digits, - and _ only")
+            path = Path(status_file)
+            status_file = str(path.with_name(f"{path.stem}.{instance}{path.suffix}"))
+        self.status_writer = StatusWriter(status_file, None)
+        self._status_clock = time.monotonic()
+
+    # -- partitions come and go ------------------------------------------------------------
+    def _engine(self, partition: int) -> Engine:
+        from connectors.partition import PartitionSource
+
+        cfg = partition_config(self.config, partition)
+        source = PartitionSource(self._consumer, cfg.source.topic, partition, cfg.source.group_id)
+        return Engine(
+            cfg,
+            fresh=self.fresh,
+            source=source,
+            secret=partition_secret(self.master_secret, cfg.model.model_id),
+        )
+
+    def _take(self, assigned: list[Any]) -> None:
+        for tp in sorted(assigned, key=lambda tp: tp.partition):
+            if tp.topic != self.config.source.topic or tp.partition in self.engines:
+                continue
+            engine = self._engine(tp.partition)
+            # The previous owner unlocks a partition's state when it hands it over; one that
+            # was killed unlocks it by dying. Wait a session timeout for a slow hand-over.
+            deadline = time.monotonic() + 2 * self.config.scale.session_timeout_ms / 1000
+            while True:
+                try:
+                    engine.state.acquire()
+                    break
+                except StateLocked as err:
+                    if time.monotonic() >= deadline:
+                        raise StateError(str(err)) from None
+                    time.sleep(0.2)  # a bounded wait for the lock, re-checked
+            try:
+                engine.start()
+            except BaseException:
+                engine.close()
+                raise
+            self.engines[tp.partition] = engine
+            log.info("partition %d: learner %s at step %d", tp.partition,
+                     engine.config.model.model_id, engine.learner.step)  # fmt: skip
+
+    def _release(self, revoked: list[Any]) -> None:
+        for tp in sorted(revoked, key=lambda tp: tp.partition):
+            engine = self.engines.pop(tp.partition, None)
+            if engine is None:
+                continue
+            try:
+                engine.finish()
+                log.info("partition %d: handed over at step %d", tp.partition, engine.learner.step)
+            finally:
+                engine.close()
+
+    def _drop(self, lost: list[Any]) -> None:
+        for tp in lost:
+            engine = self.engines.pop(tp.partition, None)
+            if engine is not None:
+                log.warning("partition %d: lost (evicted from the group); not publishing "
+                            "its open cycle", tp.partition)  # fmt: skip
+                engine.close()
+
+    def _listener(self) -> Any:
+        from kafka import ConsumerRebalanceListener
+
+        owner = self
+
+        # kafka-python runs these on the consumer's I/O thread, while run() waits in poll():
+        # blocking consumer calls are impossible there. Ending a lost partition's cycle needs
+        # only the checkpoint and the partition's own producer, so it happens here, before
+        # the rebalance completes; a gained partition is paused and taken up by run() after
+        # the poll (resuming needs the group's committed offsets).
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked):
+                owner._guarded(owner._release, list(revoked))
+
+            def on_partitions_lost(self, lost):
+                # Evicted (session expired): another instance may own them already. Publish
+                # nothing more; its new owner resumes from the last checkpoint and fences us.
+                owner._guarded(owner._drop, list(lost))
+
+            def on_partitions_assigned(self, assigned):
+                owner._consumer.pause(*assigned)
+                owner._gained.extend(assigned)
+
+        return Listener()
+
+    def _guarded(self, fn, tps: list[Any]) -> None:
+        if self._error is not None:
+            return
+        try:
+            fn(tps)
+        except BaseException as err:  # noqa: BLE001 - re-raised by run() after the poll
+            self._error = err
+
+    # -- loop ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """End the cycles of every partition, leave the group and return (thread-safe)."""
+        self._stop.set()
+
+    def _ensure_checkpoint_topic(self) -> None:
+        """Create the compacted checkpoint topic if it is configured and missing."""
+        from connectors.admin import KafkaProblem, connect, ensure_topic
+        from stream_dp.engine.runner import CHECKPOINT_MESSAGE_BYTES, KafkaUnavailable
+
+        topic, rel = self.config.scale.checkpoint_topic, self.config.releases
+        if topic is None:
+            return
+        try:
+            admin = connect(
+                rel.bootstrap_servers,
+                timeout_s=self.config.kafka.startup_timeout_seconds,
+                what="releases.bootstrap_servers",
+                **rel.security,
+            )
+            try:
+                if ensure_topic(
+                    admin,
+                    topic,
+                    configs={
+                        "cleanup.policy": "compact",
+                        "max.message.bytes": str(CHECKPOINT_MESSAGE_BYTES),
+                    },
+                ):
+                    log.info("created compacted checkpoint topic %s", topic)
+            finally:
+                admin.close()
+        except KafkaProblem as err:
+            raise KafkaUnavailable(str(err)) from None
+
+    def _open_consumer(self) -> None:
+        from kafka import KafkaConsumer
+
+        src, scale = self.config.source, self.config.scale
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=src.bootstrap_servers,
+            group_id=src.group_id,
+            enable_auto_commit=False,
+            # Every partition is sought to its learner's position before it is read; a position
+            # that left the log is reported (_skip_out_of_range), never reset silently.
+            auto_offset_reset="none",
+            isolation_level="read_committed",
+            session_timeout_ms=scale.session_timeout_ms,
+            heartbeat_interval_ms=max(300, scale.session_timeout_ms // 4),
+            max_poll_records=500,
+            **src.security,
+        )
+        self._consumer.subscribe(topics=[src.topic], listener=self._listener())
+
+    def run(self) -> dict[str, Any]:
+        """Learn until the input has been idle ``source.max_idle_seconds``, or :meth:`stop`."""
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                handlers[sig] = signal.signal(sig, lambda *_: self.stop())
+        try:
+            self._ensure_checkpoint_topic()
+            self._open_consumer()
+            self._loop()
+            final = self.status()
+            self._release_all()
+            return final
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            for engine in self.engines.values():
+                engine.close()
+            self.engines.clear()
+            if self._consumer is not None:
+                try:
+                    self._consumer.close(autocommit=False)
+                except Exception:  # noqa: BLE001 - closing must not mask the real error
+                    log.exception("error while closing the consumer")
+
+    def _release_all(self) -> None:
+        from kafka import TopicPartition
+
+        topic = self.config.source.topic
+        self._release([TopicPartition(topic, k) for k in list(self.engines)])
+
+    def _raise_listener_error(self) -> None:
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
+
+    def _poll(self, want: int) -> dict:
+        """One poll of the group consumer; outages are waited out, skipped records reported."""
+        from kafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
+
+        from connectors._retry import is_retriable
+
+        try:
+            polled = self._consumer.poll(timeout_ms=500, max_records=want)
+        except OffsetOutOfRangeError as err:
+            self._skip_out_of_range(err.args[0] if err.args else {})
+            return {}
+        except NoOffsetForPartitionError:
+            return {}  # a partition gained in this poll: run() seeks it to its learner's position
+        except Exception as err:
+            if not is_retriable(err):
+                raise
+            if self.unreachable_since is None:
+                self.unreachable_since = time.time()
+                log.warning("Kafka unreachable: %s; riding it out", err)
+            self._backoff.failed(err, max_sleep=2.0)
+            return {}
+        if self.unreachable_since is not None and polled:
+            log.warning("Kafka reachable again after %.0f s", time.time() - self.unreachable_since)
+            self.unreachable_since = None
+            self._backoff.succeeded()
+        return polled
+
+    def _skip_out_of_range(self, positions: dict) -> None:
+        """Continue at the earliest offset where a learner's position has left the log."""
+        consumer = self._consumer
+        tps = list(positions)
+        if not tps:
+            return
+        begin = consumer.beginning_offsets(tps)
+        for tp in tps:
+            offset, first = int(positions[tp]), int(begin[tp])
+            engine = self.engines.get(tp.partition)
+            if offset < first and engine is not None:
+                engine.source.skipped_records += first - offset
+            log.warning(
+                "topic %s partition %d: position %d is no longer in the log (it starts at %d): "
+                "%d record(s) skipped, continuing at %d",
+                tp.topic, tp.partition, offset, first, max(first - offset, 0), first,
+            )  # fmt: skip
+            if engine is not None:
+                engine.source.seek({engine.source.key: first})
+            else:
+                consumer.seek(tp, first)
+
+    def _loop(self) -> None:
+        idle_limit = self.config.source.max_idle_seconds
+        last_record = time.monotonic()
+        while not self._stop.is_set():
+            want = 500
+            if self.max_records is not None:
+                want = min(want, self.max_records - self.records)
+                if want <= 0:
+                    break
+            polled = self._poll(want)
+            self._raise_listener_error()
+            if self._gained:
+                gained, self._gained = self._gained, []
+                mine = set(self._consumer.assignment())
+                self._take([tp for tp in gained if tp in mine])
+                self._consumer.resume(*[tp for tp in gained if tp in mine])
+                last_record = time.monotonic()
+            got = set()
+            for tp, records in polled.items():
+                engine = self.engines.get(tp.partition)
+                if engine is None:
+                    continue  # revoked during this poll: its new owner reads them
+                batch = engine.source.messages(records)
+                self.records += len(batch)
+                engine.process(batch)
+                got.add(tp.partition)
+            for k, engine in self.engines.items():
+                if k not in got:
+                    engine.process([], idle=not polled)
+            now = time.monotonic()
+            if polled:
+                last_record = now
+            elif idle_limit is not None and now - last_record >= idle_limit and self.engines:
+                log.info("no input for %.0f s: stopping", idle_limit)
+                break
+            if now - self._status_clock >= self.config.status.interval_seconds:
+                self._write_status()
+
+    # -- status ------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """This instance's partition learners and what a person's guarantee is over them."""
+        from stream_dp.privacy.conversions import epsilon_from_rho
+
+        parts = {k: e.status(probe=False) for k, e in sorted(self.engines.items())}
+        rho = {k: s["rho_spent"] for k, s in parts.items()}
+        comp = composition(rho, self.config.scale.privacy_unit_key)
+        delta = self.config.model.delta
+        conv = getattr(self.config.model, "conversion", "tight")
+        return {
+            "time": time.time(),
+            "model_id": self.config.model.model_id,
+            "mode": "per-partition",
+            "partitions": sorted(self.engines),
+            "records": self.records,
+            "skipped_records": sum(e.source.skipped_records for e in self.engines.values()),
+            "broker_unreachable_since": self.unreachable_since,
+            "privacy_unit_key": self.config.scale.privacy_unit_key,
+            **comp,
+            # zCDP composes in ρ; the (ε, δ) of the composition is converted once.
+            "epsilon_spent": epsilon_from_rho(comp["rho"], delta, conv) if comp["rho"] else 0.0,
+            "delta": delta,
+            "by_partition": {
+                str(p): {
+                    key: s[key]
+                    for key in (
+                        "model_id",
+                        "run_id",
+                        "step",
+                        "rho_spent",
+                        "epsilon_spent",
+                        "exhausted",
+                        "records",
+                        "learned",
+                        "releases",
+                        "dead_letters",
+                        "last_published_cycle",
+                        "pending_messages",
+                    )
+                }
+                for p, s in parts.items()
+            },
+        }
+
+    def _write_status(self) -> None:
+        self._status_clock = time.monotonic()
+        s = self.status()
+        log.info("partitions=%s records=%d steps=%s %s ρ=%.4g", s["partitions"], s["records"],
+                 {p: v["step"] for p, v in s["by_partition"].items()}, s["composition"],
+                 s["rho"])  # fmt: skip
+        try:
+            self.status_writer.write(s)
+        except OSError as err:
+            log.warning("cannot write status: %s", err)

@@ -1,0 +1,166 @@
+"""Per-partition scale-out without Kafka: master secret, derived secrets, partition configs,
+composition across partitions. The group protocol, rebalances and SIGKILLs are exercised
+against a real broker in tests/integration/test_scaleout_kafka.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_engine import Collect, CrashingSource, records, run, without_wall_clock
+
+from stream_dp.checkpoint import load_checkpoint
+from stream_dp.cli import main as cli_main
+from stream_dp.engine import Engine, EngineConfig
+from stream_dp.engine.master_secret import (
+    MasterSecretError,
+    load_master_secret,
+    partition_secret,
+    secret_fingerprint,
+)
+from stream_dp.engine.runner import StateError
+from stream_dp.engine.scaleout import composition, partition_config
+from stream_dp.privacy.secrets import derive_secret
+
+MASTER = int("7f" * 32, 16)
+
+
+def file_config(tmp: Path, model_id: str = "bank/p0") -> EngineConfig:
+    cfg = EngineConfig.model_validate(
+        {
+            "model": {"alpha": 1.0, "buffer": 16, "features": ["a", "b", "c"]},
+            "source": {"kind": "jsonl", "path": str(tmp / "in.jsonl")},
+            "releases": {"kind": "jsonl", "path": str(tmp / "rel.jsonl")},
+            "dead_letters": {"kind": "jsonl", "path": str(tmp / "dead.jsonl")},
+            "checkpoint": {"path": str(tmp / "state" / "m.ckpt"), "every_records": 7},
+        }
+    )
+    # Partition model ids are generated (``<model>/p<k>``), never typed into a config.
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"model_id": model_id})})
+
+
+def kafka_config(tmp: Path, **scale) -> dict:
+    return {
+        "model": {"features": ["a"], "model_id": "bank"},
+        "source": {
+            "kind": "kafka",
+            "topic": "t",
+            "bootstrap_servers": "127.0.0.1:1",
+            "group_id": "g",
+        },  # fmt: skip
+        "releases": {"kind": "kafka", "topic": "r", "bootstrap_servers": "127.0.0.1:1"},
+        "dead_letters": {"kind": "stdout"},
+        "checkpoint": {"path": str(tmp / "state" / "m.ckpt")},
+        "scale": {"mode": "per-partition", **scale},
+    }
+
+
+def write_toml(path: Path, cfg: dict) -> None:
+    lines = []
+    for section, body in cfg.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in body.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_partition_secrets_are_keyed_derivations_of_the_master():
+    a, b = partition_secret(MASTER, "bank/p0"), partition_secret(MASTER, "bank/p1")
+    assert a == derive_secret(MASTER, "bank/p0") and a != b
+    assert a.bit_length() > 64 and a != partition_secret(MASTER ^ 1, "bank/p0")
+    assert secret_fingerprint(a) != secret_fingerprint(b)
+    assert str(a) not in secret_fingerprint(a) and format(a, "x") not in secret_fingerprint(a)
+
+
+def test_the_master_secret_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    f = tmp_path / "master"
+    f.write_text("ab" * 16 + "\n")
+    assert load_master_secret(f, "UNSET_VARIABLE_FOR_TEST") == int("ab" * 16, 16)
+    monkeypatch.setenv("H8_TEST_MASTER", "cd" * 20)
+    assert load_master_secret(None, "H8_TEST_MASTER") == int("cd" * 20, 16)
+    for bad in ("ab" * 15, "zz" * 16, ""):
+        monkeypatch.setenv("H8_TEST_MASTER", bad)
+        with pytest.raises(MasterSecretError):
+            load_master_secret(None, "H8_TEST_MASTER")
+    with pytest.raises(MasterSecretError, match="cannot read"):
+        load_master_secret(tmp_path / "missing", "H8_TEST_MASTER")
+
+
+def test_per_partition_mode_refuses_to_start_without_a_master_secret(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("STREAM_DP_MASTER_SECRET", raising=False)
+    path = tmp_path / "e.toml"
+    write_toml(path, kafka_config(tmp_path))
+    assert cli_main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a master secret" in err[0], err
+
+
+def test_per_partition_mode_needs_kafka_on_both_sides(tmp_path):
+    cfg = kafka_config(tmp_path)
+    cfg["releases"] = {"kind": "stdout"}
+    with pytest.raises(ValueError, match="per-partition"):
+        EngineConfig.model_validate(cfg)
+
+
+def test_a_partition_learner_has_its_own_model_id_state_and_transactional_id(tmp_path):
+    cfg = EngineConfig.model_validate(kafka_config(tmp_path))
+    p = [partition_config(cfg, k) for k in range(3)]
+    assert [c.model.model_id for c in p] == ["bank/p0", "bank/p1", "bank/p2"]
+    assert len({c.checkpoint.path for c in p}) == 3 and len({c.transactional_id for c in p}) == 3
+    assert all(c.status.file is None for c in p)
+
+
+def test_composition_is_the_max_only_when_keyed_by_the_privacy_unit():
+    rho = {0: 0.05, 1: 0.1, 2: 0.02}
+    keyed, unkeyed = composition(rho, True), composition(rho, False)
+    assert keyed["rho"] == 0.1 and unkeyed["rho"] == pytest.approx(0.17)
+    assert keyed["rho_sum"] == unkeyed["rho_sum"] and "parallel" in keyed["composition"]
+    assert "sum" in unkeyed["composition"]
+
+
+def test_a_derived_secret_is_never_in_the_checkpoint_and_resumes_identically(tmp_path):
+    """With a secret handed in, the checkpoint holds its fingerprint only; a crash and resume
+    under the same master re-derives it and publishes exactly an uninterrupted run's stream."""
+    data = records(80, seed=5)
+    secret = partition_secret(MASTER, "bank/p0")
+    (tmp_path / "ref").mkdir()
+    reference = Collect()
+    run(file_config(tmp_path / "ref"), data, reference, secret=secret)
+
+    cfg, out = file_config(tmp_path), Collect()
+    with pytest.raises(Exception, match="simulated crash"):
+        Engine(cfg, source=CrashingSource(data, 40), releases=out.sink(),
+               dead_letters=Collect().sink(), secret=secret).run()  # fmt: skip
+    ckpt = load_checkpoint(cfg.checkpoint.path, model_id="bank/p0")
+    assert ckpt.learner_state["secret"] is None
+    assert ckpt.meta["secret_fingerprint"] == secret_fingerprint(secret)
+    assert str(secret).encode() not in Path(cfg.checkpoint.path).read_bytes()
+    engine = run(cfg, data, out, secret=secret)
+    assert engine.learner.step == 80
+    got = [without_wall_clock(r) for r in out.releases()]
+    assert got == [without_wall_clock(r) for r in reference.releases()]
+    assert all(r["private"] for r in out.releases())
+
+
+def test_a_checkpoint_written_under_another_master_is_refused(tmp_path):
+    cfg, data = file_config(tmp_path), records(30, seed=6)
+    run(cfg, data, Collect(), secret=partition_secret(MASTER, "bank/p0"))
+    with pytest.raises(StateError, match="another master secret"):
+        run(cfg, data, Collect(), secret=partition_secret(MASTER ^ 1, "bank/p0"))
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_dry_run_prints_both_compositions_and_says_which_holds(tmp_path, keyed):
+    from stream_dp.engine.cli import dry_run
+    from stream_dp.privacy.conversions import epsilon_from_rho
+
+    cfg = EngineConfig.model_validate(kafka_config(tmp_path, privacy_unit_key=keyed))
+    text = dry_run(cfg)
+    parallel = next(line for line in text.splitlines() if "parallel composition" in line)
+    total = next(line for line in text.splitlines() if "sum over K" in line)
+    assert ("<- holds" in parallel) == keyed and ("<- holds" in total) != keyed
+    rho = Engine(partition_config(cfg, 0), secret=1).learner.budget.limit
+    four = next(line for line in text.splitlines() if "K=4 " in line)
+    assert f"{epsilon_from_rho(4 * rho, 1e-5):.4g}" in four
+    assert float(four.split("ε=")[1]) > cfg.model.epsilon
