@@ -92,6 +92,9 @@ def engine_config(tmp: Path, bootstrap: str, names: dict, **model) -> dict:
             "delta": 1e-5,
             "alpha": 1.0,
             "buffer": 32,
+            "release_every": 1,  # a release at every step: every step's copies are compared
+            "smoothing_window": 1,
+            "predict_with": "release",
             "features": FEATURES,
             "model_id": names["model"],
             **model,
