@@ -19,8 +19,8 @@ from stream_dp.checkpoint import CheckpointCorrupt, load_checkpoint
 from stream_dp.cli import main as cli_main
 from stream_dp.engine import ConfigError, Engine, EngineConfig, EngineError, load_config
 from stream_dp.engine.cli import dry_run
+from stream_dp.engine.errors import StateError
 from stream_dp.engine.preflight import ReleaseTooLarge
-from stream_dp.engine.runner import StateError
 from stream_dp.engine.state import StateDir
 from stream_dp.online import OnPairStrC
 from stream_dp.privacy import accountant_from_dict

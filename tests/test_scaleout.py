@@ -14,13 +14,13 @@ from test_engine import Collect, CrashingSource, records, run, without_wall_cloc
 from stream_dp.checkpoint import load_checkpoint
 from stream_dp.cli import main as cli_main
 from stream_dp.engine import Engine, EngineConfig
+from stream_dp.engine.errors import StateError
 from stream_dp.engine.master_secret import (
     MasterSecretError,
     load_master_secret,
     partition_secret,
     secret_fingerprint,
 )
-from stream_dp.engine.runner import StateError
 from stream_dp.engine.scaleout import composition, partition_config
 from stream_dp.privacy.secrets import derive_secret
 

@@ -139,8 +139,8 @@ def one_line_errors(
 def dry_run(config) -> str:
     """The plan an operator should read before the first record: the learner's charges and the
     noise its releases carry, computed without any data."""
+    from stream_dp.engine.builders import build_learner
     from stream_dp.engine.preflight import release_size
-    from stream_dp.engine.runner import build_learner
 
     size, limit = release_size(config)
     learner = build_learner(config)
@@ -222,9 +222,9 @@ def _table(rows: list[dict]) -> list[str]:
 def _codes() -> dict[type[BaseException], int]:
     from stream_dp.checkpoint import CheckpointError
     from stream_dp.engine.config import ConfigError
+    from stream_dp.engine.errors import EngineError
     from stream_dp.engine.master_secret import MasterSecretError
     from stream_dp.engine.preflight import ReleaseTooLarge
-    from stream_dp.engine.runner import EngineError
     from stream_dp.privacy.accountant import JournalError
 
     return {
@@ -249,8 +249,8 @@ def _engine_failure(exc: Exception, args: argparse.Namespace) -> int:
 def _run_scaleout(config, args: argparse.Namespace) -> int:
     """One instance of a per-partition model; refuses to start without the master secret."""
     from stream_dp.engine.config import ConfigError
+    from stream_dp.engine.errors import EngineError
     from stream_dp.engine.master_secret import load_master_secret
-    from stream_dp.engine.runner import EngineError
     from stream_dp.engine.scaleout import ScaleOut
 
     scale = config.scale
@@ -279,8 +279,9 @@ def main(args: argparse.Namespace) -> int:
 
     def run() -> int:
         from stream_dp.engine.config import ConfigError, load_config
+        from stream_dp.engine.errors import EngineError
         from stream_dp.engine.preflight import ReleaseTooLarge
-        from stream_dp.engine.runner import Engine, EngineError
+        from stream_dp.engine.runner import Engine
 
         config = load_config(args.config)
         if config.scale.mode == "per-partition" and not args.dry_run:

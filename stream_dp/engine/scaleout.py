@@ -45,8 +45,9 @@ from typing import Any
 
 from connectors._retry import Backoff
 from stream_dp.engine.config import EngineConfig
+from stream_dp.engine.errors import StateError
 from stream_dp.engine.master_secret import partition_secret
-from stream_dp.engine.runner import Engine, StateError
+from stream_dp.engine.runner import Engine
 from stream_dp.engine.state import StateLocked
 from stream_dp.engine.status import StatusWriter
 
@@ -267,7 +268,8 @@ class ScaleOut:
     def _ensure_checkpoint_topic(self) -> None:
         """Create the compacted checkpoint topic if it is configured and missing."""
         from connectors.admin import KafkaProblem, connect, ensure_topic
-        from stream_dp.engine.runner import CHECKPOINT_MESSAGE_BYTES, KafkaUnavailable
+        from stream_dp.engine.errors import KafkaUnavailable
+        from stream_dp.engine.startup import CHECKPOINT_MESSAGE_BYTES
 
         topic, rel = self.config.scale.checkpoint_topic, self.config.releases
         if topic is None:

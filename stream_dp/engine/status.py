@@ -15,12 +15,19 @@ fields (:func:`dp_operator_metrics`).
 from __future__ import annotations
 
 import json
+import logging
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stream_dp.checkpoint import write_private
 
+log = logging.getLogger("stream_dp.engine")
+
 __all__ = [
+    "EngineStats",
+    "StatusReports",
     "StatusWriter",
     "dp_metrics_summary",
     "dp_operator_metrics",
@@ -113,3 +120,97 @@ class StatusWriter:
             self.raw_path.parent.mkdir(parents=True, exist_ok=True)
             blob = json.dumps({**raw, "private": False}, default=str).encode()
             write_private(self.raw_path, blob, durable=False)
+
+
+@dataclass
+class EngineStats:
+    """Counters of the model's run (restored from the checkpoint on restart)."""
+
+    records: int = 0
+    learned: int = 0
+    releases: int = 0
+    dead_letters: int = 0
+    exhausted_skipped: int = 0
+    unknown_features: int = 0
+    records_with_unknown_features: int = 0
+    started: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict:
+        return {
+            "records": self.records,
+            "learned": self.learned,
+            "releases": self.releases,
+            "dead_letters": self.dead_letters,
+            "exhausted_skipped": self.exhausted_skipped,
+            "unknown_features": self.unknown_features,
+            "records_with_unknown_features": self.records_with_unknown_features,
+        }
+
+
+class StatusReports:
+    """The engine's status: ``status.json`` and the log's status line (a mixin of ``Engine``)."""
+
+    def status(self, now: float | None = None, *, probe: bool = True) -> dict:
+        """Operator status: counters, budget, lag, idleness, outages (no raw statistics)."""
+        now = time.monotonic() if now is None else now
+        elapsed = max(now - self._status_clock, 1e-9)
+        rate = (self.stats.records - self._status_records) / elapsed
+        acc = self.learner.accountant
+        eps, delta = acc.spent()
+        lag = None
+        lag_fn = getattr(self._source, "lag", None)
+        if probe and lag_fn is not None:
+            try:
+                lag = lag_fn(timeout_s=2.0)
+            except TypeError:
+                lag = lag_fn()
+            except Exception:  # noqa: BLE001 - status must never stop the engine
+                lag = None
+        cycle, cycle_time = (0, None) if self.cycle is None else self.cycle.last_published
+        return {
+            "time": time.time(),
+            "model_id": self.config.model.model_id,
+            "run_id": self.run_id,
+            "private": not self.config.model.reproducible,
+            "records_per_s": round(rate, 1),
+            "step": self.learner.step,
+            "epsilon_spent": eps,
+            "epsilon_budget": self.learner.epsilon,
+            "delta": delta,
+            "rho_spent": acc.rho_spent(),
+            "rho_budget": self.learner.budget.limit,
+            "exhausted": self.learner.exhausted,
+            "dead_letter_reasons": dict(self.dead_counts),
+            "consumer_lag": lag,
+            "skipped_records": getattr(self._source, "skipped_records", 0),
+            "idle_since": self._idle_since,
+            "broker_unreachable_since": self.broker_unreachable_since,
+            "last_published_cycle": cycle,
+            "last_published_at": cycle_time,
+            "pending_messages": len(self.outbox) + (self.cycle.in_flight if self.cycle else 0),
+            **self.stats.to_dict(),
+            "dp_metrics": dp_operator_metrics(self.learner),
+        }
+
+    def _report_status(self, now: float, *, probe: bool = True) -> None:
+        s = self.status(now, probe=probe)
+        log.info(
+            "step=%d rec/s=%.0f ε=%.4g/%.4g dead=%d lag=%s releases=%d pending=%d%s%s",
+            s["step"],
+            s["records_per_s"],
+            s["epsilon_spent"],
+            s["epsilon_budget"],
+            self.stats.dead_letters,
+            s["consumer_lag"],
+            self.stats.releases,
+            s["pending_messages"],
+            " (idle)" if s["idle_since"] else "",
+            dp_metrics_summary(s["dp_metrics"]),
+        )
+        raw = raw_operator_metrics(self.learner) if self.status_writer.raw_path else None
+        try:
+            self.status_writer.write(s, raw)
+        except OSError as err:
+            log.warning("cannot write status: %s", err)
+        self._status_clock = now
+        self._status_records = self.stats.records

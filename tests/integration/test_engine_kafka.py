@@ -30,8 +30,8 @@ from connectors import KafkaSink, ReleaseMessage
 from stream_dp.checkpoint import load_checkpoint
 from stream_dp.engine import Engine
 from stream_dp.engine.config import EngineConfig
+from stream_dp.engine.errors import KafkaUnavailable
 from stream_dp.engine.learners import learner_class
-from stream_dp.engine.runner import KafkaUnavailable
 from stream_dp.online import OnPairStrC
 from stream_dp.privacy import accountant_from_dict
 
