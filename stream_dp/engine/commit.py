@@ -17,6 +17,9 @@ published or not; :meth:`Outputs.published` tells which, and the restart publish
 same bytes if needed. Hence every release that anyone can read is one a durable checkpoint
 holds, and for every (model, run, step) one content is ever published (``docs/privacy.md``,
 "The engine: one release per step").
+
+The outbox, the publication record, the outputs and the cycle that orders them are one concept
+-- the invariant above holds only for them together -- hence one module (about 540 lines).
 """
 
 from __future__ import annotations
