@@ -16,10 +16,12 @@ For d ∈ {8, 32} and FIFO buffers of 64 and 256 records, measured in one proces
   ``predict_proba_one`` + ``learn_one`` and through ``learn_many``.
 
 Every learner: ``epsilon=1``, anytime schedule (``horizon=None``, so no horizon ends the run),
-``alpha=1``, ``warmup=10`` with the certified sensitivity, ``release_every=1`` (a charged,
-noisy release at every measured step), ``track_regret=True`` (the default: each step also scores
-the served model on the new record). Before timing, each learner sees enough records to finish
-its warm-up and fill its buffer, so every timed step pairs the record with s partners.
+``alpha=1``, ``warmup=10`` with the certified sensitivity, ``release_every=1`` (a charged, noisy
+release at every measured step) served as it is (``predict_with="release"``: the default smoothing
+over 50 releases would recompute its mean at every step of this setting), ``track_regret=True``
+(the default: each step also scores the served model on the new record). Before timing, each
+learner sees enough records to finish its warm-up and fill its buffer, so every timed step pairs
+the record with s partners.
 
 Reported per configuration: records/s (median of ``--repeats``), the ratio to river's
 records/s at the same d, and nanoseconds per pair-feature operation, ``time per record / (s·d)``.
@@ -81,8 +83,8 @@ def make_data(n: int, d: int, seed: int = 0) -> dict:
 def learner(task: str, d_names: tuple, buffer: int | str) -> OnPairStrC:
     return OnPairStrC(
         task=task, epsilon=1.0, delta=1e-5, horizon=None, alpha=1.0, warmup=10,
-        sensitivity="certified", buffer=buffer, release_every=1, seed=2026, reproducible=True,
-        features=d_names, track_regret=True,
+        sensitivity="certified", buffer=buffer, release_every=1, predict_with="release",
+        smoothing_window=1, seed=2026, reproducible=True, features=d_names, track_regret=True,
     )  # fmt: skip
 
 

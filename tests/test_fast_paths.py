@@ -571,3 +571,18 @@ def test_decay_bounds_compiled_equals_numpy_bit_for_bit() -> None:
             top_ref = sensitivity.decay_bounds(ref, q, e, diam)
             top_got = compiled(got, q, e, diam)
             assert got.tobytes() == ref.tobytes() and top_got == top_ref
+
+
+def test_the_rings_numpy_mean_is_window_mean_bit_for_bit() -> None:
+    """Python serves the smoothed release with NumPy's mean, compiled code with window_mean:
+    both add the rows oldest first, so they agree to the bit."""
+    from stream_dp.online.release import HEAD, ReleaseRing, window_mean
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        k, d = int(rng.integers(1, 60)), int(rng.integers(1, 40))
+        ring = ReleaseRing(window=k, shape=(d,))
+        for step in range(1, int(rng.integers(1, 3 * k)) + 1):
+            ring.push(rng.normal(size=d) * 10 ** rng.uniform(-4, 4), step, learned=True)
+        expected = window_mean(ring.rows, ring.count, int(ring.state[HEAD]))
+        assert np.array_equal(ring.smoothed, expected.reshape(d))

@@ -113,7 +113,11 @@ class ReleaseRing:
         if self.state[COUNT] == 0:
             return None
         if self._smoothed is None or self._smoothed[0] != self.step:
-            mean = window_mean(self.rows, int(self.state[COUNT]), int(self.state[HEAD]))
+            count, k = int(self.state[COUNT]), self.rows.shape[0]
+            # A cumulative sum adds the rows in order, oldest first (never pairwise): the same
+            # sum as window_mean's loop (which compiled code calls), without a Python loop.
+            rows = self.rows[(int(self.state[HEAD]) - count + np.arange(count)) % k]
+            mean = np.cumsum(rows, axis=0)[-1] / count
             self._smoothed = (self.step, mean.reshape(self.shape))
         return self._smoothed[1]
 
