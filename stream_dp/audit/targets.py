@@ -1,0 +1,386 @@
+"""Audit targets: one production learner run on one world of a canary design.
+
+A target runs the *real* learner class through its public API — ``learn_one`` and
+``private_weights`` online, ``fit`` and ``private_weights`` offline — on the records of one world
+(:mod:`stream_dp.audit.design`), with a fresh noise secret per trial, and keeps what leaves the
+trust boundary: every released model, projected on the design's probe. It also reads what the
+run's ledger claims (:class:`LedgerClaim`).
+
+Adding a learner
+----------------
+An online learner with ``learn_one``, ``private_weights`` and ``accountant`` needs one entry in
+:data:`ONLINE_LEARNERS`; an offline learner with ``fit(X, y)`` in :mod:`stream_dp.offline` is
+found by itself. A learner whose noise is not drawn by one :class:`KeyedNoise` per model also
+needs a branch in :func:`_install_noise`, the one function that reaches into a learner.
+
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import math
+import pickle
+
+import numpy as np
+
+from stream_dp.audit.design import CanaryDesign, canary_design
+from stream_dp.privacy.events import ApproxDPEvent, GaussianEvent
+from stream_dp.privacy.noise import KeyedNoise
+
+__all__ = [
+    "ONLINE_ALGORITHMS",
+    "ONLINE_LEARNERS",
+    "AuditTarget",
+    "LedgerClaim",
+    "available_algorithms",
+    "ledger_claim",
+    "make_target",
+    "offline_target",
+    "online_target",
+]
+
+#: The online learners :func:`online_target` runs: name → ``"module:Class"``.
+ONLINE_LEARNERS: dict[str, str] = {
+    "onpairstrc": "stream_dp.online:OnPairStrC",
+    "onpairc": "stream_dp.online:OnPairC",
+}
+ONLINE_ALGORITHMS = tuple(ONLINE_LEARNERS)
+
+
+# -- the noise hook (the only place the audit touches a learner's internals) ----------------------
+class _WeakenedReleaseNoise(KeyedNoise):
+    """TEST ONLY — scales the noise of every *release* by ``multiplier`` while the ledger keeps
+    charging the nominal σ: it simulates an implementation bug so that tests can check the audit
+    has power. It is never reachable from a learner's parameters, a config file or the engine;
+    only :func:`_install_noise` installs it, and only when asked for a multiplier other than 1."""
+
+    def __init__(self, secret: int, model_id: str, multiplier: float) -> None:
+        super().__init__(secret, model_id)
+        self.multiplier = float(multiplier)
+
+    def gaussian(self, step, shape, sigma, purpose="release"):
+        if purpose == "release":
+            sigma = sigma * self.multiplier
+        return super().gaussian(step, shape, sigma, purpose)
+
+    def laplace(self, step, shape, scale, purpose="release"):
+        if purpose == "release":
+            scale = scale * self.multiplier
+        return super().laplace(step, shape, scale, purpose)
+
+
+def _install_noise(model, secret: int, multiplier: float) -> None:
+    """Key ``model``'s noise with the trial's ``secret``; scale its release noise by
+    ``multiplier`` (≠ 1: the test-only variant).
+
+    The one place the audit reaches into a learner: online learners hold one
+    :class:`KeyedNoise` in ``_noise`` (replaced before the first record, so the learner binds
+    its fast path to it exactly as to its own), offline learners build theirs in
+    ``_make_noise()`` at each ``fit``. Once learners take the noise as a constructor-level
+    collaborator, this becomes that argument.
+    """
+    if multiplier == 1.0:
+        noise = KeyedNoise(secret, model.model_id)
+    else:
+        noise = _WeakenedReleaseNoise(secret, model.model_id, multiplier)
+    if hasattr(model, "_make_noise"):
+        model._make_noise = lambda: noise  # this instance only
+    else:
+        model._noise = noise
+
+
+def _check_multiplier(noise_multiplier: float) -> float:
+    m = float(noise_multiplier)
+    if not (m >= 0.0 and math.isfinite(m)):
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
+    return m
+
+
+# -- what the ledger claims -----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LedgerClaim:
+    """What a run's ledger says it spent.
+
+    Attributes
+    ----------
+    epsilon, delta
+        The (ε, δ) guarantee the ledger reports.
+    gdp_mu
+        ``√(Σ Δ_t²/σ_t²)`` over its charges when all of them are Gaussian releases (zCDP
+        events or classic-Gaussian (ε, δ) events): by the composition theorem of Gaussian DP
+        (Dong, Roth & Su 2022, Cor. 3.3) the run is then μ-GDP if every charge is right. None
+        when some charge is not a Gaussian release (Laplace noise).
+    """
+
+    epsilon: float
+    delta: float
+    gdp_mu: float | None
+
+    def rounded(self) -> tuple:
+        """The claim with ε and μ to 12 digits (runs must agree on it)."""
+        mu = None if self.gdp_mu is None else round(self.gdp_mu, 12)
+        return round(self.epsilon, 12), self.delta, mu
+
+
+def ledger_claim(accountant) -> LedgerClaim:
+    """The :class:`LedgerClaim` of a ledger (any accountant of :mod:`stream_dp.privacy`).
+
+    Examples
+    --------
+    >>> from stream_dp.privacy import GaussianEvent, ZCDPAccountant
+    >>> acc = ZCDPAccountant(epsilon=1.0, delta=1e-5)
+    >>> for step in (1, 2):
+    ...     _ = acc.charge(GaussianEvent(step=step, sensitivity=3.0, sigma=4.0))
+    >>> round(ledger_claim(acc).gdp_mu, 12)  # √(2·(3/4)²)
+    1.060660171779
+
+    """
+    epsilon, delta = accountant.spent()
+    ratios = []
+    for event in accountant.ledger:
+        if isinstance(event, GaussianEvent):
+            ratios.append(event.sensitivity / event.sigma)
+        elif isinstance(event, ApproxDPEvent) and event.mechanism == "gaussian-approx":
+            ratios.append(event.sensitivity / event.scale)
+        else:
+            return LedgerClaim(float(epsilon), float(delta), None)
+    mu = math.sqrt(math.fsum(r * r for r in ratios))
+    return LedgerClaim(float(epsilon), float(delta), mu)
+
+
+# -- targets --------------------------------------------------------------------------------------
+class AuditTarget:
+    """A mechanism under audit on the two worlds of ``design``.
+
+    :meth:`observe` runs it once and returns the trial's observation vector (the projections of
+    every release on the design's probe); :meth:`claim` runs it once and returns what its
+    ledger claims. Targets are picklable, so trials can run in worker processes.
+    """
+
+    algorithm: str
+    design: CanaryDesign
+    description: str
+    noise_multiplier: float
+
+    @property
+    def task(self) -> str:
+        return self.design.task
+
+    def _run(self, with_canary: bool, secret: int) -> tuple[np.ndarray, object]:
+        """One trial: ``(observations, the run's accountant)``."""
+        raise NotImplementedError  # pragma: no cover
+
+    def observe(self, with_canary: bool, secret: int) -> np.ndarray:
+        """The observation vector of one trial with noise secret ``secret``."""
+        return self._run(with_canary, secret)[0]
+
+    def claim(self, with_canary: bool, secret: int) -> LedgerClaim:
+        """What the ledger of one trial claims."""
+        return ledger_claim(self._run(with_canary, secret)[1])
+
+
+class _OnlineTarget(AuditTarget):
+    def __init__(self, cls, design, epsilon, delta, multiplier, learner_params) -> None:
+        params = dict(
+            task=design.task,
+            epsilon=epsilon,
+            delta=delta,
+            horizon=design.length,
+            alpha=design.alpha,
+            warmup=1,
+            data_radius=design.data_radius,
+            model_radius=design.model_radius,
+            seed=0,
+            reproducible=True,  # trials re-key the noise from the audit's own seed (never private)
+            model_id="audit",
+            track_regret=False,
+        )
+        params.update(learner_params)
+        template = cls(**params)
+        # A fresh copy of the configured (untrained) learner per trial: the object
+        # ``cls(**params, seed=secret)`` builds, without re-deriving ρ each trial.
+        self._blob = pickle.dumps(template)
+        self._streams = {w: design.stream(w) for w in (False, True)}
+        self._probe = design.probe.ravel()
+        self.algorithm = cls.__name__.lower()
+        self.design = design
+        self.noise_multiplier = multiplier
+        self.description = (
+            f"{type(template).__name__}(task={design.task}, ε={epsilon}, δ={delta}, "
+            f"horizon={design.length}, warmup=1, α={design.alpha:.3g}, "
+            f"sensitivity={template.sensitivity}, conversion={template.conversion})"
+        )
+
+    def _run(self, with_canary: bool, secret: int) -> tuple[np.ndarray, object]:
+        learner = pickle.loads(self._blob)
+        _install_noise(learner, secret, self.noise_multiplier)
+        stream = self._streams[with_canary]
+        out = np.empty(len(stream))
+        for i, (x, y) in enumerate(stream):
+            learner.learn_one(x, y)
+            out[i] = float(learner.private_weights.ravel() @ self._probe)
+        return out, learner.accountant
+
+
+class _OfflineTarget(AuditTarget):
+    def __init__(self, cls, design, epsilon, delta, multiplier, params) -> None:
+        accepted = set(inspect.signature(cls.__init__).parameters)
+        base = dict(
+            task=design.task,
+            epsilon=epsilon,
+            delta=delta,
+            alpha=design.alpha,
+            data_radius=design.data_radius,
+            model_radius=design.model_radius,
+            warmup=1,
+            sensitivity="certified",
+            model_id="audit",
+        )
+        base = {k: v for k, v in base.items() if k in accepted}
+        self._repro = {"reproducible": True} if "reproducible" in accepted else {}
+        base.update(params)
+        if multiplier != 1.0 and not hasattr(cls, "_make_noise"):
+            raise ValueError(
+                f"{cls.__name__} draws its noise elsewhere: no noise_multiplier for it"
+            )
+        self._cls = cls
+        self._base = base
+        self._data = {w: design.dataset(w) for w in (False, True)}
+        self._probe = design.probe.ravel()
+        self.algorithm = cls.__name__.lower()
+        self.design = design
+        self.noise_multiplier = multiplier
+        shown = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in base.items()
+        )
+        self.description = f"{cls.__name__}({shown})"
+
+    def _run(self, with_canary: bool, secret: int) -> tuple[np.ndarray, object]:
+        model = self._cls(**self._base, seed=secret, **self._repro)
+        if self.noise_multiplier != 1.0:
+            _install_noise(model, secret, self.noise_multiplier)
+        X, y = self._data[with_canary]
+        model.fit(X, y)
+        w = np.asarray(model.private_weights).ravel()
+        return np.array([float(w @ self._probe)]), model.accountant
+
+
+def _online_class(algorithm: str) -> type:
+    try:
+        module, name = ONLINE_LEARNERS[algorithm].split(":")
+    except KeyError:
+        raise ValueError(
+            f"online algorithm must be one of {sorted(ONLINE_LEARNERS)}, got {algorithm!r}"
+        ) from None
+    return getattr(importlib.import_module(module), name)
+
+
+def _offline_classes() -> dict[str, type]:
+    """The offline learners of :mod:`stream_dp.offline` with ``fit(X, y)``, by lower-case name.
+
+    (DPPDML learns from labelled pairs, ``fit(X, pairs, pair_labels)``: the record-level canary
+    design does not apply to it.)
+    """
+    offline = importlib.import_module("stream_dp.offline")
+    found: dict[str, type] = {}
+    for name in getattr(offline, "__all__", ()):
+        obj = getattr(offline, name, None)
+        if not isinstance(obj, type) or name.endswith("Base") or not hasattr(obj, "fit"):
+            continue
+        if list(inspect.signature(obj.fit).parameters) == ["self", "X", "y"]:
+            found[name.lower()] = obj
+    return found
+
+
+def available_algorithms() -> tuple[str, ...]:
+    """Algorithms :func:`stream_dp.audit.audit` accepts: the online learners and the offline
+    algorithms of :mod:`stream_dp.offline` (lower-case class names).
+
+    Examples
+    --------
+    >>> "onpairstrc" in available_algorithms() and "offpairstrc" in available_algorithms()
+    True
+
+    """
+    return (*ONLINE_ALGORITHMS, *sorted(_offline_classes()))
+
+
+def online_target(
+    algorithm: str = "onpairstrc",
+    design: CanaryDesign | None = None,
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    noise_multiplier: float = 1.0,
+    **learner_params,
+) -> AuditTarget:
+    """An online private learner of :data:`ONLINE_LEARNERS` on the canary design.
+
+    The learner is the production class with ``warmup=1``, ``horizon`` = stream length (one
+    release per record, the budget split over them by the paper's schedule) and the design's α;
+    ``learner_params`` override or extend that configuration. ``noise_multiplier`` ≠ 1 is for
+    tests only: it installs noise that no longer matches the ledger.
+
+    Examples
+    --------
+    >>> t = online_target("onpairstrc", canary_design("auc", dim=3, length=3), epsilon=1.0)
+    >>> t.observe(True, 7).shape
+    (3,)
+    >>> claim = t.claim(True, 7)
+    >>> claim.epsilon <= 1.0, claim.delta, round(claim.gdp_mu, 4)
+    (True, 1e-05, 0.2474)
+
+    """
+    cls = _online_class(algorithm)
+    design = design or canary_design()
+    multiplier = _check_multiplier(noise_multiplier)
+    return _OnlineTarget(cls, design, epsilon, delta, multiplier, learner_params)
+
+
+def offline_target(
+    algorithm: str = "offpairstrc",
+    design: CanaryDesign | None = None,
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    noise_multiplier: float = 1.0,
+    **params,
+) -> AuditTarget:
+    """An offline algorithm of :mod:`stream_dp.offline` fitted on the design's records.
+
+    The records of one world form the dataset (in stream order). Parameters the class accepts
+    among ``task``, ``epsilon``, ``delta``, ``alpha``, ``data_radius``, ``model_radius``,
+    ``model_id`` come from the design; the Huai algorithms get ``warmup=1`` and
+    ``sensitivity="certified"`` so that the canary saturates C as online (with the paper's
+    ``T1 = 16L/α²`` every averaged iterate would be random and the audit would see nothing).
+    ``params`` override any of these.
+
+    Examples
+    --------
+    >>> t = offline_target("offpairstrc", canary_design("auc", dim=3), epsilon=1.0)
+    >>> t.observe(False, 3).shape, t.claim(False, 3).epsilon
+    ((1,), 1.0)
+
+    """
+    design = design or canary_design()
+    multiplier = _check_multiplier(noise_multiplier)
+    classes = _offline_classes()
+    if algorithm not in classes:
+        raise ValueError(
+            f"unknown algorithm {algorithm!r}; available: {', '.join(available_algorithms())}"
+        )
+    return _OfflineTarget(classes[algorithm], design, epsilon, delta, multiplier, params)
+
+
+def make_target(
+    algorithm: str,
+    design: CanaryDesign,
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    noise_multiplier: float = 1.0,
+    **params,
+) -> AuditTarget:
+    """:func:`online_target` or :func:`offline_target`, by algorithm name."""
+    if algorithm in ONLINE_LEARNERS:
+        return online_target(algorithm, design, epsilon, delta, noise_multiplier, **params)
+    return offline_target(algorithm, design, epsilon, delta, noise_multiplier, **params)
