@@ -275,9 +275,9 @@ def test_results_do_not_depend_on_the_number_of_processes():
 
 
 # -- acceptance: CI-sized audits -------------------------------------------------------------------
-def _audits(algorithm: str, task: str = "auc", dim: int = 10, multipliers=(1.0, 0.5, 0.25)):
+def _audits(algorithm: str, task: str = "auc", multipliers=(1.0, 0.5, 0.25)):
     return {
-        m: audit(algorithm, task=task, dim=dim, trials=CI_TRIALS, seed=2020, noise_multiplier=m)
+        m: audit(algorithm, task=task, trials=CI_TRIALS, seed=2020, noise_multiplier=m)
         for m in multipliers
     }
 
@@ -325,10 +325,10 @@ def test_onpairstrc_auc_epsilon_test_catches_quartered_noise(onpairstrc_auc_audi
 
 
 def test_onpairstrc_metric_audit():
-    # d = 5 keeps the CI run short (25 model values instead of 100); the metric design is less
-    # efficient than the AUC one (the PSD projection drops part of the signal: μ ≈ 0.21 of
-    # 0.25), so its power at this size is lower but still decisive.
-    results = _audits("onpairstrc", task="metric", dim=5, multipliers=(1.0, 0.5))
+    # The metric design (d = 5 by default) is less efficient than the AUC one (the PSD
+    # projection drops part of the signal: μ ≈ 0.21 of 0.25), so its power at this size is
+    # lower but still decisive.
+    results = _audits("onpairstrc", task="metric", multipliers=(1.0, 0.5))
     assert results[1.0].task == "metric"
     _check_honest(results[1.0], min_power=0.9)
     _check_halved_noise_is_caught(results[0.5])

@@ -58,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stream-length", type=int, default=3, help="records per stream (default 3)"
     )
-    parser.add_argument("--dim", type=int, default=10, help="number of features (default 10)")
+    parser.add_argument(
+        "--dim", type=int, default=None, help="number of features (default: 10 auc, 5 metric)"
+    )
     parser.add_argument(
         "--confidence",
         type=float,

@@ -423,7 +423,7 @@ def audit(
     trials: int = 200_000,
     seed: int = 0,
     stream_length: int = 3,
-    dim: int = 10,
+    dim: int | None = None,
     data_radius: float = 1.0,
     model_radius: float = 1.0,
     confidence: float = 0.99,
@@ -449,7 +449,8 @@ def audit(
     seed
         Seed of the audit's trial secrets.
     stream_length, dim, data_radius, model_radius
-        The canary design (:func:`stream_dp.audit.canary_design`).
+        The canary design (:func:`stream_dp.audit.canary_design`; ``dim=None``: 10 features for
+        AUC, 5 for metric).
     confidence
         Joint confidence of the bounds.
     noise_multiplier

@@ -33,7 +33,12 @@ import math
 
 import numpy as np
 
-__all__ = ["CanaryDesign", "canary_design"]
+__all__ = ["DEFAULT_DIM", "CanaryDesign", "canary_design"]
+
+#: The number of features d when none is given. A trial's cost grows with the model's size (the
+#: release noise is drawn in blocks of ``1024·size`` values, capped at 65 536); d = 5 gives the
+#: metric task 25 values, a trial ≈ 1.6 times cheaper than at d = 10, for as much of μ.
+DEFAULT_DIM = {"auc": 10, "metric": 5}
 
 
 # -- the canary design ----------------------------------------------------------------------------
@@ -100,7 +105,7 @@ class CanaryDesign:
 
 def canary_design(
     task: str = "auc",
-    dim: int = 10,
+    dim: int | None = None,
     length: int = 3,
     data_radius: float = 1.0,
     model_radius: float = 1.0,
@@ -109,7 +114,8 @@ def canary_design(
 
     α is chosen so that every step saturates C whatever the warm-up model: the logistic
     derivative is at least ``1/(1 + e^{m})`` with ``m`` the largest margin a model in C can
-    give the canary pair, and α is a tenth of what saturation needs.
+    give the canary pair, and α is a tenth of what saturation needs. ``dim=None`` takes
+    :data:`DEFAULT_DIM` of the task.
 
     Examples
     --------
@@ -119,8 +125,9 @@ def canary_design(
            [ 0.        , -0.70710678]])
 
     """
-    if task not in ("auc", "metric"):
+    if task not in DEFAULT_DIM:
         raise ValueError(f"task must be 'auc' or 'metric', got {task!r}")
+    dim = DEFAULT_DIM[task] if dim is None else dim
     if int(dim) != dim or dim < (1 if task == "auc" else 2):
         raise ValueError(f"dim must be an int >= {1 if task == 'auc' else 2}, got {dim!r}")
     if int(length) != length or length < 2:

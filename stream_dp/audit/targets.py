@@ -132,9 +132,9 @@ def ledger_claim(accountant) -> LedgerClaim:
     >>> from stream_dp.privacy import GaussianEvent, ZCDPAccountant
     >>> acc = ZCDPAccountant(epsilon=1.0, delta=1e-5)
     >>> for step in (1, 2):
-    ...     _ = acc.charge(GaussianEvent(step=step, sensitivity=3.0, sigma=4.0))
-    >>> round(ledger_claim(acc).gdp_mu, 12)  # √(2·(3/4)²)
-    1.060660171779
+    ...     _ = acc.charge(GaussianEvent(step=step, sensitivity=1.0, sigma=10.0))
+    >>> round(ledger_claim(acc).gdp_mu, 12)  # √(2·(1/10)²)
+    0.141421356237
 
     """
     epsilon, delta = accountant.spent()
@@ -328,8 +328,8 @@ def online_target(
     >>> t.observe(True, 7).shape
     (3,)
     >>> claim = t.claim(True, 7)
-    >>> claim.epsilon <= 1.0, claim.delta, round(claim.gdp_mu, 4)
-    (True, 1e-05, 0.2474)
+    >>> claim.epsilon <= 1.0, claim.delta, round(claim.gdp_mu, 4)  # √(2ρ), ρ = 0.0306
+    (True, 1e-05, 0.2472)
 
     """
     cls = _online_class(algorithm)
