@@ -56,7 +56,7 @@ from stream_dp.audit.stats import (
 )
 from stream_dp.audit.targets import AuditTarget, LedgerClaim, make_target
 
-__all__ = ["AuditResult", "audit", "run_audit"]
+__all__ = ["PILOT_SHARE", "AuditResult", "audit", "run_audit"]
 
 #: Trials per world in one unit of work (one task of a worker process).
 _CHUNK = 2000
@@ -72,6 +72,23 @@ class AuditResult:
     ``epsilon_lower_bound`` and ``gdp_mu_lower_bound`` hold together with probability
     ``confidence`` over the audit's randomness; :attr:`violated` says one of them exceeds what
     the ledger claims.
+
+    Attributes
+    ----------
+    claimed_epsilon, delta, claimed_gdp_mu
+        What the ledger claims (:class:`stream_dp.audit.LedgerClaim`).
+    epsilon_lower_bound
+        The (ε, δ) test's bound, at ``threshold`` with ``false_positives`` and
+        ``false_negatives`` out of ``evaluation_trials`` per world.
+    gdp_mu_lower_bound, gdp_epsilon_lower_bound
+        The GDP test's bound on μ (at ``central_threshold``) and the exact ε at δ of a
+        mechanism that is μ-GDP at that bound; None without a GDP claim.
+    gdp_mu_estimate
+        The point estimate of μ at the central threshold (no confidence).
+    power, detectable_noise_divisor
+        The GDP test's predicted chance of flagging the configuration with its release noise
+        halved, and the smallest divisor of the noise it flags with probability 0.9
+        (:mod:`stream_dp.audit.power`); None without a GDP claim.
     """
 
     algorithm: str
@@ -169,7 +186,7 @@ class AuditResult:
         elif k == 1.0:
             catch = "the mechanism as it is"
         else:
-            catch = f"noise ÷ {k:.2f} or less"
+            catch = f"noise ÷ {k:.2f} (and any smaller noise)"
         return (
             f"P(flag | release noise ÷ 2) = {self.power:.2f}; flags {catch} with probability "
             "0.9 (GDP test, predicted from this audit's scores, trials and confidence)"
@@ -237,7 +254,7 @@ def _worker_range(world: bool, seed: int, lo: int, hi: int) -> np.ndarray:
     return _observe_range(_WORKER_TARGET[0], world, seed, lo, hi)
 
 
-def default_jobs() -> int:
+def _default_jobs() -> int:
     """The CPUs this process may run on (the audit's default number of worker processes)."""
     try:
         return len(os.sched_getaffinity(0))
@@ -346,7 +363,7 @@ def run_audit(
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    jobs = default_jobs() if jobs is None else int(jobs)
+    jobs = _default_jobs() if jobs is None else int(jobs)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs!r}")
     trials, seed = int(trials), int(seed)
