@@ -30,6 +30,7 @@ from stream_dp.audit import (
     clopper_pearson_upper,
     epsilon_from_rates,
     epsilon_lower_bound,
+    fit_linear_test,
     flag_probability,
     gdp_epsilon,
     gdp_mu_from_rates,
@@ -121,6 +122,23 @@ def test_lower_bound_stays_below_the_exact_gaussian_epsilon():
         bounds.append(epsilon_lower_bound(np.sum(b[n:] > tau), n, np.sum(c[n:] <= tau), n, DELTA))
     assert max(bounds) < exact
     assert min(bounds) > 0.5  # power: log(Φ(μ−t)/Φ(−t)) ≈ 1.9 at t = 2.5, CP keeps > 1.2
+
+
+def test_linear_test_is_the_likelihood_ratio_for_correlated_releases():
+    # Releases with correlated noise (Σ = [[1, .9], [.9, 1]]) and signal only in the first: the
+    # likelihood-ratio score separates the worlds by the Mahalanobis distance √(ΔᵀΣ⁻¹Δ) =
+    # 0.6/√0.19 = 1.376 in units of its spread; the first release alone gives 0.6. Fitted on
+    # 20 000 pilot trials per world, measured on 50 000 fresh ones (standard error ≈ 0.007).
+    rng = np.random.default_rng(23)
+    root = np.linalg.cholesky(np.array([[1.0, 0.9], [0.9, 1.0]]))
+
+    def world(m, n):
+        return np.array([m, 0.0]) + rng.normal(size=(n, 2)) @ root.T
+
+    w = fit_linear_test(world(0.3, 20_000), world(-0.3, 20_000))
+    c, b = world(0.3, 50_000) @ w, world(-0.3, 50_000) @ w
+    separation = (c.mean() - b.mean()) / np.sqrt(0.5 * (c.var() + b.var()))
+    assert separation == pytest.approx(0.6 / math.sqrt(0.19), abs=0.03)
 
 
 def test_gdp_mu_from_rates_inverts_the_gaussian_trade_off():

@@ -396,9 +396,10 @@ def run_audit(
 
     k = obs[True].shape[1]
     test = (
-        f"a linear score of the {k} release(s) projected on the canary direction (weights = "
-        f"mean difference / variance, the likelihood-ratio statistic for Gaussian releases) "
-        f"and its two thresholds, all fixed on {pilot} pilot trials per world"
+        f"a linear score of the {k} release(s) projected on the canary direction (Fisher's "
+        "discriminant: pooled covariance⁻¹ × mean difference, the likelihood-ratio statistic "
+        f"for Gaussian releases) and its two thresholds, all fixed on {pilot} pilot trials per "
+        "world"
     )
     return AuditResult(
         algorithm=target.algorithm,
