@@ -14,7 +14,8 @@ Example (1–3 minutes on 2 cores, ``docs/privacy.md``, *Empirical audit*)::
 ``--noise-multiplier`` is for testing the audit itself: it shrinks the release noise while the
 ledger keeps charging the nominal σ, i.e. it deliberately BREAKS the guarantee.
 
-Exit codes: 0 consistent with the claim, 1 violation found, 2 invalid arguments.
+Exit codes: 0 consistent with the claim, 1 violation found, 2 invalid arguments, 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"stream-dp audit: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nstream-dp audit: interrupted, no result", file=sys.stderr)
+        return 130
     if not args.quiet:
         print(file=sys.stderr)
     if args.json:

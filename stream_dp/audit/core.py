@@ -33,11 +33,12 @@ its secret.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import math
+import multiprocessing
 import os
 import pickle
+import signal
 import time
 from collections.abc import Callable
 
@@ -247,11 +248,14 @@ _WORKER_TARGET: list[AuditTarget] = []
 
 
 def _start_worker(blob: bytes) -> None:
+    # Ctrl-C is the parent's to handle: it stops the workers (no traceback from each of them).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER_TARGET[:] = [pickle.loads(blob)]
 
 
-def _worker_range(world: bool, seed: int, lo: int, hi: int) -> np.ndarray:
-    return _observe_range(_WORKER_TARGET[0], world, seed, lo, hi)
+def _worker_range(chunk: tuple[bool, int, int, int]) -> tuple[bool, int, int, np.ndarray]:
+    world, seed, lo, hi = chunk
+    return world, lo, hi, _observe_range(_WORKER_TARGET[0], world, seed, lo, hi)
 
 
 def _default_jobs() -> int:
@@ -272,32 +276,33 @@ def _collect(
     """Observations ``(trials, releases)`` of each world; trial j of world w always uses secret
     ``_secret(seed, w, j)``, whatever ``jobs`` is."""
     chunks = [
-        (world, lo, min(lo + _CHUNK, trials))
+        (world, seed, lo, min(lo + _CHUNK, trials))
         for lo in range(0, trials, _CHUNK)
         for world in (True, False)
     ]
     parts: dict[tuple[bool, int], np.ndarray] = {}
     done, total = 0, 2 * trials
     if jobs == 1:
-        for world, lo, hi in chunks:
+        for world, _, lo, hi in chunks:
             parts[world, lo] = _observe_range(target, world, seed, lo, hi)
             done += hi - lo
             if progress is not None:
                 progress(done, total)
     else:
-        with concurrent.futures.ProcessPoolExecutor(
-            max_workers=jobs, initializer=_start_worker, initargs=(pickle.dumps(target),)
-        ) as pool:
-            futures = {
-                pool.submit(_worker_range, world, seed, lo, hi): (world, lo, hi)
-                for world, lo, hi in chunks
-            }
-            for future in concurrent.futures.as_completed(futures):
-                world, lo, hi = futures[future]
-                parts[world, lo] = future.result()
+        blob = pickle.dumps(target)
+        pool = multiprocessing.Pool(jobs, initializer=_start_worker, initargs=(blob,))
+        try:
+            for world, lo, hi, part in pool.imap_unordered(_worker_range, chunks):
+                parts[world, lo] = part
                 done += hi - lo
                 if progress is not None:
                     progress(done, total)
+        except BaseException:
+            pool.terminate()  # Ctrl-C or a failed trial: stop the workers, run nothing more
+            raise
+        finally:
+            pool.close()
+            pool.join()
     return {
         world: np.concatenate([parts[world, lo] for lo in range(0, trials, _CHUNK)])
         for world in (True, False)
