@@ -11,8 +11,12 @@
 
 δ = 1/n, 20 random permutations (train = the first n records of the permutation, test = the
 rest), mean ± std. The paper's numbers are hard-coded below, each block citing its table, and
-checked against the paper's text when ``/work/shared/papers`` is present. Writes
-``benchmarks/results/paper_tables.md`` and ``benchmarks/results/huai_figures.png``.
+checked against the paper's text when one is given (``--paper-text FILE``, or the environment
+variable ``STREAM_DP_PAPER_TEXT``: a plain-text copy of Xue et al. 2021). Writes
+``benchmarks/results/paper_tables.md`` and ``benchmarks/results/huai_figures.png``. Every model
+is fitted with a fixed seed and ``reproducible=True``, so the tables reproduce bit for bit;
+such runs are not private (``docs/privacy.md``, *Keyed noise*), which is fine for a benchmark
+on public data.
 
 Run from a clean clone (after ``pip install -e .``)::
 
@@ -30,7 +34,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import glob  # noqa: E402
 import math  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import platform  # noqa: E402
@@ -42,6 +45,8 @@ import numpy as np  # noqa: E402
 
 from stream_dp.constraints import L2Ball, PSDFrobeniusBall  # noqa: E402
 from stream_dp.datasets import data_path, load_dataset  # noqa: E402
+from stream_dp.linalg import psd_sqrt  # noqa: E402
+from stream_dp.metrics import roc_auc  # noqa: E402
 from stream_dp.offline import DPEGD, DPGDC2, DPGDSC, OffPairC, OffPairStrC  # noqa: E402
 from stream_dp.online import OnPairC, OnPairStrC, PairwiseGIGA  # noqa: E402
 
@@ -90,13 +95,11 @@ DPGDSC_T = 100  # see the results file: the release is noise-dominated for any T
 R = D = 1.0
 
 
-def verify_paper_numbers() -> str:
-    """Check every hard-coded number against the paper's text, if the text is available."""
-    repo_shared = Path(__file__).resolve().parents[2] / "shared" / "papers"
-    files = glob.glob(str(repo_shared / "001_*.txt")) or glob.glob("/work/shared/papers/001_*.txt")
-    if not files:
-        return "paper text not found: numbers not re-checked"
-    text = Path(files[0]).read_text()
+def verify_paper_numbers(paper_text: Path | None) -> str:
+    """Check every hard-coded number against the paper's text, if the text is given."""
+    if paper_text is None:
+        return "paper text not given (--paper-text): numbers not re-checked"
+    text = paper_text.read_text()
     missing = [
         f"{v:.2f}%"
         for table in (PAPER_TABLE2, PAPER_TABLE4)
@@ -105,9 +108,9 @@ def verify_paper_numbers() -> str:
         if f"{v:.2f}%" not in text
     ]
     if missing:
-        raise SystemExit(f"hard-coded paper numbers not found in {files[0]}: {missing}")
+        raise SystemExit(f"hard-coded paper numbers not found in {paper_text}: {missing}")
     n = sum(len(v) for t in (PAPER_TABLE2, PAPER_TABLE4) for v in t.values())
-    return f"all {n} hard-coded numbers found verbatim in `{Path(files[0]).name}`"
+    return f"all {n} hard-coded numbers found verbatim in the paper's text (`{paper_text.name}`)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,9 +147,8 @@ def load_other(name: str) -> tuple[np.ndarray, np.ndarray]:
 # Metrics (NumPy only: scikit-learn is a test dependency)
 # --------------------------------------------------------------------------------------------
 def auc(scores: np.ndarray, y: np.ndarray) -> float:
-    """Area under the ROC curve (ties count one half)."""
-    pos, neg = scores[y == 1], scores[y == 0]
-    return float((pos[:, None] > neg[None]).mean() + 0.5 * (pos[:, None] == neg[None]).mean())
+    """Area under the ROC curve of 0/1 labels (ties count one half)."""
+    return roc_auc(scores, y == 1)
 
 
 def knn_accuracy(Ztr, ytr, Zte, yte, k: int = 3) -> float:
@@ -156,8 +158,6 @@ def knn_accuracy(Ztr, ytr, Zte, yte, k: int = 3) -> float:
 
 
 def _metric_acc(W, X, y, tr, te) -> float:
-    from stream_dp.online.interfaces import psd_sqrt
-
     S = psd_sqrt(W)
     return knn_accuracy(X[tr] @ S, y[tr], X[te] @ S, y[te])
 
@@ -209,7 +209,8 @@ def _private_rows(task: str, n: int, eps: float, lam: float, seed: int):
     seed = 1_000_000 * seed + 1000 * n + int(round(100 * eps))
     rows = []
     for delta, tag in ((1.0 / n, "δ>0"), (0.0, "δ=0")):
-        common = dict(task=task, epsilon=eps, delta=delta, data_radius=R, model_radius=D, seed=seed)
+        common = dict(task=task, epsilon=eps, delta=delta, data_radius=R, model_radius=D,
+                      seed=seed, reproducible=True)  # fmt: skip
         rows.append((f"SC, {tag}", "OffPairStrC", OffPairStrC(alpha=lam, **common)))
         rows.append((f"SC, {tag}", "DPGDSC", DPGDSC(alpha=lam, n_iter=DPGDSC_T, **common)))
         rows.append((f"C, {tag}", "OffPairC", OffPairC(**common)))
@@ -222,7 +223,7 @@ def _private_rows(task: str, n: int, eps: float, lam: float, seed: int):
 def _reference_models(task: str, lam: float, seed: int):
     """Non-private rows: the noiseless GIGA average of OffPairStrC / OffPairC without the random
     warm-up (Xue et al. §5: "variants of OffPairStrC and OffPairC which do not add any noise")."""
-    common = dict(task=task, data_radius=R, model_radius=D, seed=seed, warmup=1)
+    common = dict(task=task, data_radius=R, model_radius=D, seed=seed, reproducible=True, warmup=1)
     return (
         ("SC", OffPairStrC(alpha=lam, sensitivity="certified", **common)),
         ("C", OffPairC(sensitivity="certified", **common)),
@@ -371,13 +372,14 @@ def figure_job(args):
         out[(n, "PairwiseGIGA (non-private)")] = _objective(giga, giga.weights, Xn, Yn)
         cls = OnPairStrC if algo == "OnPairStrC" else OnPairC
         for eps in FIG_EPS:
-            common = dict(task="auc", epsilon=eps, delta=1.0 / n, alpha=alpha, seed=perm)
+            common = dict(task="auc", epsilon=eps, delta=1.0 / n, alpha=alpha, seed=perm,
+                          reproducible=True)  # fmt: skip
             # (a) the paper's constants: T1 = max(⌈16L/α²⌉, 7) > n, so horizon = n is refused
             # (no learning step would remain); the anytime schedule keeps serving the random
             # warm-up releases (Alg. 1 steps 2–7), exactly what the paper's algorithm outputs.
             paper = _run_online(cls(horizon=None, **common), Xn, yn)
             out[(n, f"{algo} paper T1, ε={eps}")] = _objective(paper, paper.private_weights, Xn, Yn)
-            # (b) usable: warm-up 7 with the certified sensitivity (SPEC §4), one release at t = n
+            # (b) usable: warm-up 7 with the certified sensitivity, one release at t = n
             # carrying the whole budget (release_every = n − 7).
             single = _run_online(
                 cls(horizon=n, warmup=7, release_every=n - 7, sensitivity="certified", **common),
@@ -602,8 +604,8 @@ def build_report(results, elapsed, quick, jobs, verified) -> str:
         f"- **Strongly convex (SC) rows**: regulariser (λ/2)‖w‖² with **λ = {LAMBDA_AUC:g} "
         f"(AUC) and λ = {LAMBDA_METRIC:g} (metric)**, as Xue et al. §5 (and Huai et al.). "
         "**General convex (C) rows**: no regulariser (OffPairC: its own (α/2)‖w − w₀‖², "
-        "α = n^(−1/2)). Logistic losses; G, L from SPEC §2 (G = 4R + λD for AUC, 4R² + λD "
-        "for metric)."
+        "α = n^(−1/2)). Logistic losses; G, L from `docs/algorithms.md` (G = 4R + λD for AUC, "
+        "4R² + λD for metric)."
     )
     L.append(
         f"- **Algorithms** (`stream_dp.offline`, defaults unless stated): OffPairStrC/OffPairC "
@@ -735,7 +737,7 @@ def build_report(results, elapsed, quick, jobs, verified) -> str:
         "**Summary.** With R = D = 1, λ = 10⁻³ (AUC) / 10⁻² (metric) and n ≤ 512, the formulas "
         "of OffPairStrC, OffPairC and DPGDSC prescribe noise hundreds to thousands of times "
         "larger than the model (σ ∝ 1/(αn) with α = λ), and OffPairStrC/OffPairC's warm-up "
-        "T1 = 16L/α² exceeds n, so their averaged iterates are data-independent (SPEC §9.1): "
+        "T1 = 16L/α² exceeds n, so their averaged iterates are data-independent: "
         "their releases are random models and our rows sit at the random-release level. "
         "DPEGD's first epoch adds noise of norm ≈ 1.4·diam(C) with the paper's own step size, "
         "so on AUC (n = 256) it is at chance too; DPGDC2 learns where its gradient drift beats "
@@ -784,8 +786,8 @@ def build_report(results, elapsed, quick, jobs, verified) -> str:
     )
     L.append(
         "- *warmup 7, one release*: usable settings of the same learner — warm-up 7 with the "
-        "certified sensitivity (SPEC §4) and `release_every = n − 7`, i.e. one release at "
-        "t = n carrying the whole budget. Its σ at t = n is listed."
+        "certified sensitivity (`docs/privacy.md`) and `release_every = n − 7`, i.e. one release "
+        "at t = n carrying the whole budget. Its σ at t = n is listed."
     )
     L.append("- *PairwiseGIGA*: the non-private baseline (Kar et al. 2013).\n")
     for name, (algo, ns) in FIG_SETUPS.items():
@@ -855,9 +857,15 @@ def main(argv=None) -> None:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--quick", action="store_true", help="3 permutations (smoke run)")
     ap.add_argument("--out", type=Path, default=RESULTS / "paper_tables.md")
+    ap.add_argument(
+        "--paper-text",
+        type=Path,
+        default=os.environ.get("STREAM_DP_PAPER_TEXT") or None,
+        help="plain text of Xue et al. 2021, to re-check the hard-coded numbers",
+    )
     args = ap.parse_args(argv)
     perms = 3 if args.quick else args.perms
-    verified = verify_paper_numbers()
+    verified = verify_paper_numbers(args.paper_text)
     tasks = [(table2_job, (n, p)) for n in TABLE2_N[::-1] for p in range(perms)]
     tasks += [(table4_job, (e, p)) for e in TABLE4_EPS for p in range(perms)]
     tasks += [(figure_job, (name, p)) for name in FIG_SETUPS for p in range(perms)]

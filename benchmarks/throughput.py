@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from river import linear_model  # noqa: E402
 
-from stream_dp import _kernels  # noqa: E402
+from stream_dp import _jit  # noqa: E402
 from stream_dp.online import OnPairStrC  # noqa: E402
 
 __all__ = ["main"]
@@ -263,12 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     print("learners: epsilon=1, anytime schedule, alpha=1, warmup=10 (certified sensitivity), "
           "release_every=1, track_regret=True (default)")  # fmt: skip
     out = {"environment": env, "tables": {}}
-    label = "numba" if _kernels.numba_active() else "numpy"
+    label = "numba" if _jit.numba_active() else "numpy"
     rows = measure(args, label)
     print_table(rows, f"kernels: {label} (records/s are medians of the repeats)")
     out["tables"][label] = rows
-    if args.numpy and _kernels.numba_active():
-        with _kernels.use_numba(False):
+    if args.numpy and _jit.numba_active():
+        with _jit.use_numba(False):
             rows = measure(args, "numpy")
         print_table(rows, "kernels: numpy fallback (STREAM_DP_NUMBA=0)")
         out["tables"]["numpy"] = rows
@@ -286,7 +286,7 @@ def _numba_version() -> str:
     try:
         import numba
 
-        return numba.__version__ + ("" if _kernels.numba_active() else " (disabled)")
+        return numba.__version__ + ("" if _jit.numba_active() else " (disabled)")
     except ImportError:
         return "not installed"
 

@@ -6,6 +6,9 @@
   positions.
 * :mod:`connectors.sinks` -- JSONL, stdout, callback and Kafka sinks, and the dead-letter
   wrapper that counts rejects per reason.
+* :mod:`connectors.transactions` -- :class:`TransactionalPublisher`: batches published
+  atomically with consumer offsets, one fenceable writer per transactional id.
+* :mod:`connectors.admin` -- start-up checks of a cluster that end in a one-line diagnosis.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from .schema import (
     Label,
     RecordError,
     ReleaseMessage,
+    conform_features,
     parse_record,
 )
 from .sinks import (
@@ -30,6 +34,7 @@ from .sinks import (
     publish_release,
 )
 from .sources import CsvSource, IterableSource, JsonlSource, KafkaSource, Source, SourceMessage
+from .transactions import ProducerFenced, TransactionalPublisher
 
 __all__ = [
     "REASONS",
@@ -45,12 +50,15 @@ __all__ = [
     "KafkaSinkError",
     "KafkaSource",
     "Label",
+    "ProducerFenced",
     "RecordError",
     "ReleaseMessage",
     "Sink",
     "Source",
     "SourceMessage",
     "StdoutSink",
+    "TransactionalPublisher",
+    "conform_features",
     "parse_record",
     "publish_release",
 ]

@@ -65,6 +65,8 @@ class Backoff:
         self.what = what
         self.failures = 0
         self.first_failure: float | None = None
+        self.remind_every = 60.0
+        self._last_loud: float | None = None
 
     def next_delay(self) -> float:
         """Return the next delay (and count one more failure)."""
@@ -88,8 +90,19 @@ class Backoff:
         delay = self.next_delay()
         if max_sleep is not None:
             delay = max(0.0, min(delay, max_sleep))
-        self.logger.warning(
-            "%s failed (%s); retry %d in %.1f s", self.what, exc, self.failures, delay
+        # An outage of hours must not write thousands of lines: the first failure and then
+        # one line a minute at WARNING, the rest at DEBUG.
+        now = time.monotonic()
+        loud = self._last_loud is None or now - self._last_loud >= self.remind_every
+        if loud:
+            self._last_loud = now
+        self.logger.log(
+            logging.WARNING if loud else logging.DEBUG,
+            "%s failed (%s); retry %d in %.1f s",
+            self.what,
+            exc,
+            self.failures,
+            delay,
         )
         time.sleep(delay)
         return delay
@@ -103,3 +116,4 @@ class Backoff:
             )
         self.failures = 0
         self.first_failure = None
+        self._last_loud = None

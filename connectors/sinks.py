@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from ._retry import Backoff, is_retriable
+from ._settings import client_settings
 from .schema import DeadLetter, RecordError, ReleaseMessage
 
 __all__ = [
@@ -307,13 +308,9 @@ class KafkaSink:
 
         if not topic:
             raise ValueError("topic is required")
-        extra = {**(producer_config or {}), **security}
-        unknown = sorted(set(extra) - set(KafkaProducer.DEFAULT_CONFIG))
-        if unknown:
-            raise TypeError(f"unknown KafkaProducer setting(s): {unknown}")
-        fixed = sorted(set(extra) & _PRODUCER_FIXED)
-        if fixed:
-            raise ValueError(f"KafkaSink manages these settings itself: {fixed}")
+        extra = client_settings(
+            KafkaProducer, "KafkaSink", _PRODUCER_FIXED, producer_config, security
+        )
         self.topic = topic
         self.delivery_timeout_s = delivery_timeout_s
         self._retry_backoff_max_s = retry_backoff_max_s

@@ -8,17 +8,18 @@ position they came from.
 Positions and checkpoints
 -------------------------
 ``positions()`` returns where to resume: the *next* record to read, counting every message
-already yielded as consumed. The engine's loop is therefore::
+already handed out as consumed. A consumer loop is therefore::
 
-    for msg in source:
-        process(msg)                       # learn, or dead-letter
+    while (batch := source.poll(max_records=500, timeout_s=0.5)) is not None:
+        for msg in batch:
+            process(msg)                   # learn, or dead-letter
         if time_to_checkpoint:
             save_checkpoint(learner, source.positions())   # atomically
             source.commit()                # after the checkpoint is durable
 
-and on restart ``source.seek(checkpoint_positions)`` before iterating. The checkpoint is the
-source of truth; a Kafka commit only makes the consumer group's lag visible and lets a run
-without a checkpoint resume roughly where it stopped.
+(iterating the source yields the same messages one by one) and on restart
+``source.seek(checkpoint_positions)`` before reading. The checkpoint is the source of truth; a
+Kafka commit makes the consumer group's lag visible and records what was published.
 
 File and iterable sources use ``{"line": n}`` (0-based index of the next record: physical
 line for JSONL, data row for CSV, item for iterables). Kafka uses
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ._retry import Backoff, is_retriable
+from ._settings import client_settings
 
 __all__ = [
     "CsvSource",
@@ -81,6 +83,11 @@ class Source(Protocol):
     """
 
     def __iter__(self) -> Iterator[SourceMessage]: ...
+
+    def poll(self, max_records: int = 500, timeout_s: float = 0.0) -> list[SourceMessage] | None:
+        """Up to ``max_records`` messages (``[]`` if none came within ``timeout_s``), or None
+        once the source has ended. Returned messages count as consumed."""
+        ...
 
     def positions(self) -> dict[str, Any]:
         """Positions of the next records to read (for checkpoints)."""
@@ -162,6 +169,25 @@ class _CursorSource:
         # self._it) lets seek() take effect between any two messages.
         while (msg := self._read_one()) is not None:
             yield msg
+
+    def poll(self, max_records: int = 500, timeout_s: float = 0.0) -> list[SourceMessage] | None:
+        """Return up to ``max_records`` next messages, or None once the input is exhausted.
+
+        Parameters
+        ----------
+        max_records : int, default 500
+        timeout_s : float, default 0.0
+            Unused: a file never waits.
+
+        Returns
+        -------
+        list of SourceMessage or None
+            Every message returned counts as consumed (:meth:`positions` moves past it).
+        """
+        out: list[SourceMessage] = []
+        while len(out) < max_records and (msg := self._read_one()) is not None:
+            out.append(msg)
+        return out or None
 
     def positions(self) -> dict[str, Any]:
         """Return ``{"line": n}``, the index of the next record to read.
@@ -437,8 +463,13 @@ _CONSUMER_FIXED = frozenset(
         "key_deserializer",
         "value_deserializer",
         "consumer_timeout_ms",
+        "auto_offset_reset",
+        "isolation_level",
     }
 )
+
+#: Prefix of the offset-commit metadata KafkaSource writes (``stream-dp/1 <tag>``).
+COMMIT_METADATA_PREFIX = "stream-dp/1 "
 
 
 def _parse_kafka_positions(positions: Mapping[str, Any]) -> dict[tuple[str, int], int]:
@@ -477,6 +508,8 @@ class KafkaSource:
     commit_timeout_s : float, default 30.0
         How long :meth:`commit` keeps retrying before giving up (returning False).
     partition_refresh_s : float, default 60.0
+    request_timeout_s : float, default 10.0
+        Bound on one metadata request (start offsets, committed offsets, end offsets).
     consumer_config : dict, optional
         Extra ``KafkaConsumer`` settings (e.g. ``client_id``, ``fetch_max_bytes``).
     **security
@@ -489,22 +522,29 @@ class KafkaSource:
     **Assignment, not subscription.** The source uses ``KafkaConsumer.assign()`` (manual
     assignment) and the group only as an offset store. Group-managed ``subscribe()`` would let
     the broker move a partition to another engine instance at any rebalance, while this
-    instance's learner (and its checkpoint) has already learned from that partition's data;
-    the per-partition parallel-composition argument of SPEC section 8 needs each partition
-    to stay with the learner whose checkpoint holds its offset. Manual assignment also means
-    no heartbeats, so a slow learning step can never get the consumer evicted
-    (``max_poll_interval_ms``). To scale out, run one engine per partition set
-    (``partitions=[...]``).
+    instance's learner (and its checkpoint) has already learned from that partition's data.
+    Manual assignment also means no heartbeats, so a slow learning step can never get the
+    consumer evicted (``max_poll_interval_ms``).
 
     **Start position** of each partition: an explicit :meth:`seek` (the checkpoint) if given,
-    else the group's committed offset, else the earliest offset.
+    else the group's committed offset, else the earliest offset, resolved when the partition
+    is assigned (so :meth:`positions` names every assigned partition).
+
+    **Skipped records are reported.** When a position is no longer in the log (deleted by
+    retention, or the topic was deleted and recreated), the source continues from the
+    earliest offset and logs a WARNING with the number of records that were skipped; the
+    total is in :attr:`skipped_records`. Kafka's silent ``auto_offset_reset`` is off.
+
+    **Committed input only.** The consumer reads ``read_committed``: records of aborted
+    transactions are never learned from.
 
     **Broker outages** are absorbed: ``KafkaTimeoutError``, connection errors, "no brokers
     available" and other retriable errors raised while connecting, discovering partitions or
-    polling are logged and retried with capped exponential backoff; iteration simply yields
-    nothing meanwhile. kafka-python reconnects by itself and the fetch positions survive, so
-    nothing is lost or repeated. Non-retriable errors (authentication, authorisation,
-    configuration) are raised.
+    polling are logged and retried with capped exponential backoff; polling simply returns
+    nothing meanwhile, and :attr:`unreachable_since` says since when the broker has not
+    answered. kafka-python reconnects by itself and the fetch positions survive, so nothing
+    is lost or repeated. Non-retriable errors (authentication, authorisation, configuration)
+    are raised.
 
     Values that are ``None`` (tombstones) are delivered as empty payloads so they are
     dead-lettered and counted rather than silently dropped.
@@ -531,6 +571,7 @@ class KafkaSource:
         retry_backoff_max_s: float = 10.0,
         commit_timeout_s: float = 30.0,
         partition_refresh_s: float = 60.0,
+        request_timeout_s: float = 10.0,
         consumer_config: Mapping[str, Any] | None = None,
         **security: Any,
     ) -> None:
@@ -540,31 +581,34 @@ class KafkaSource:
             raise ValueError(f"invalid topic name {topic!r}")
         if not group_id:
             raise ValueError("group_id is required (offsets are committed under it)")
-        extra = {**(consumer_config or {}), **security}
-        unknown = sorted(set(extra) - set(KafkaConsumer.DEFAULT_CONFIG))
-        if unknown:
-            raise TypeError(f"unknown KafkaConsumer setting(s): {unknown}")
-        fixed = sorted(set(extra) & _CONSUMER_FIXED)
-        if fixed:
-            raise ValueError(f"KafkaSource manages these settings itself: {fixed}")
+        extra = client_settings(
+            KafkaConsumer, "KafkaSource", _CONSUMER_FIXED, consumer_config, security
+        )
         self.topic = topic
         self.group_id = group_id
         self.max_idle_seconds = max_idle_seconds
         self.poll_timeout_ms = int(poll_timeout_ms)
+        self.max_poll_records = int(max_poll_records)
         self.commit_timeout_s = commit_timeout_s
         self.partition_refresh_s = partition_refresh_s
+        self.request_timeout_ms = int(request_timeout_s * 1000)
         self._retry_backoff_max_s = retry_backoff_max_s
         self._static_partitions = sorted(set(partitions)) if partitions is not None else None
         self._config: dict[str, Any] = {
-            "auto_offset_reset": "earliest",
-            "max_poll_records": int(max_poll_records),
+            "max_poll_records": self.max_poll_records,
             # kafka-python's 30 s default would let one failed connect attempt outlast
             # max_idle_seconds; the retry loop around it provides the patience instead.
             "bootstrap_timeout_ms": 10_000,
+            # Reconnect within seconds of a broker's return, not kafka-python's 30 s.
+            "reconnect_backoff_max_ms": 5000,
             **extra,
             "bootstrap_servers": bootstrap_servers,
             "group_id": group_id,
             "enable_auto_commit": False,
+            # Never move a position silently: out-of-range positions raise, and _fetch
+            # reports what was skipped before continuing at the earliest offset.
+            "auto_offset_reset": "none",
+            "isolation_level": "read_committed",
         }
         self._consumer: Any = None
         self._assigned: list[Any] = []
@@ -574,6 +618,14 @@ class KafkaSource:
         self._seek_generation = 0
         self._stop = threading.Event()
         self._closed = False
+        self._backoff = Backoff(
+            maximum=retry_backoff_max_s, logger=log, what=f"Kafka consume from {topic}"
+        )
+        self._idle_start: float | None = None
+        #: Records skipped because their offsets had left the log before they were read.
+        self.skipped_records = 0
+        #: ``time.time()`` since which the broker has not answered (None while it answers).
+        self.unreachable_since: float | None = None
 
     # -- connection management --------------------------------------------------------------
 
@@ -610,57 +662,162 @@ class KafkaSource:
         if wanted != self._assigned:
             if self._assigned:
                 log.info("topic %s: now reading partitions %s", self.topic, parts)
+            targets = {**self._next, **self._pending_seek}
+            unknown = [tp for tp in wanted if (tp.topic, tp.partition) not in targets]
+            targets.update(self._start_offsets(unknown))
             consumer.assign(wanted)
             self._assigned = wanted
             # Re-apply what we know: positions of records already yielded (fetched-ahead data
-            # was discarded) and any seek requested before the assignment existed.
-            targets = {**self._next, **self._pending_seek}
+            # was discarded), any seek requested before the assignment existed, and the
+            # resolved start of every other partition, so positions() names them all.
             for tp in wanted:
-                offset = targets.get((tp.topic, tp.partition))
-                if offset is not None:
-                    consumer.seek(tp, offset)
+                offset = targets[(tp.topic, tp.partition)]
+                consumer.seek(tp, offset)
+                self._next[(tp.topic, tp.partition)] = offset
             self._pending_seek.clear()
         return True
 
-    # -- iteration ------------------------------------------------------------------------
+    def _start_offsets(self, partitions: Sequence[Any]) -> dict[tuple[str, int], int]:
+        """The group's committed offset of each partition, else its earliest offset."""
+        if not partitions:
+            return {}
+        consumer = self._consumer
+        out: dict[tuple[str, int], int] = {}
+        missing = []
+        for tp in partitions:
+            committed = consumer.committed(tp, timeout_ms=self.request_timeout_ms)
+            if committed is None:
+                missing.append(tp)
+            else:
+                out[(tp.topic, tp.partition)] = int(committed)
+        if missing:
+            begin = consumer.beginning_offsets(missing, timeout_ms=self.request_timeout_ms)
+            for tp, offset in begin.items():
+                out[(tp.topic, tp.partition)] = int(offset)
+        return out
+
+    def _skip_out_of_range(self, positions: Mapping[Any, int]) -> None:
+        """Continue at the earliest offset where a position has left the log, saying so."""
+        from kafka import TopicPartition
+
+        consumer = self._consumer
+        tps = [TopicPartition(tp.topic, tp.partition) for tp in positions]
+        begin = consumer.beginning_offsets(tps, timeout_ms=self.request_timeout_ms)
+        end = consumer.end_offsets(tps, timeout_ms=self.request_timeout_ms)
+        for tp in tps:
+            offset, first, last = int(positions[tp]), int(begin[tp]), int(end[tp])
+            if offset < first:
+                self.skipped_records += first - offset
+                log.warning(
+                    "topic %s partition %d: offsets %d to %d were deleted before they were read "
+                    "(retention or deleted records): %d record(s) skipped, continuing at %d",
+                    tp.topic, tp.partition, offset, first - 1, first - offset, first,
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "topic %s partition %d: position %d is beyond the end of the log (%d); the "
+                    "topic was deleted and recreated or truncated. Continuing at its earliest "
+                    "offset %d; records of the old topic that were not read are lost",
+                    tp.topic, tp.partition, offset, last, first,
+                )  # fmt: skip
+            consumer.seek(tp, first)
+            self._next[(tp.topic, tp.partition)] = first
+
+    # -- fetching ------------------------------------------------------------------------
+
+    def _fetch(self, max_records: int, timeout_ms: int) -> list[Any] | None:
+        """Raw consumer records (not yet marked consumed), ``[]`` if none, None when idle
+        for ``max_idle_seconds``."""
+        from kafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
+
+        # Idleness is the time spent in fetches that brought nothing, back to back: the time
+        # the caller spends on the records between fetches is not idle.
+        now = time.monotonic()
+        if self._idle_start is None:
+            self._idle_start = now
+        idle_left = (
+            None
+            if self.max_idle_seconds is None
+            else self.max_idle_seconds - (now - self._idle_start)
+        )
+        if idle_left is not None and idle_left <= 0:
+            log.debug("topic %s idle for %.1f s; ending", self.topic, self.max_idle_seconds)
+            self._idle_start = None
+            return None
+        try:
+            if self._ensure_assigned():
+                batch = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+            else:
+                # Topic not created yet: wait without busy-looping, then look again.
+                batch = {}
+                self._last_refresh = -float("inf")
+                self._stop.wait(timeout_ms / 1000)
+            self._backoff.succeeded()
+        except OffsetOutOfRangeError as err:
+            self._skip_out_of_range(err.args[0] if err.args else {})
+            return []
+        except NoOffsetForPartitionError as err:
+            # kafka-python dropped a position (e.g. after detecting log truncation): resolve
+            # it as at assignment.
+            parts = list(err.args[0]) if err.args and isinstance(err.args[0], Iterable) else []
+            for (topic, part), offset in self._start_offsets(parts).items():
+                self.seek({f"{topic}:{part}": offset})
+            return []
+        except Exception as err:
+            if not is_retriable(err):
+                raise
+            if self.unreachable_since is None:
+                self.unreachable_since = time.time()
+            # Short sleeps: the caller's loop (status, signals, deadlines) must keep turning.
+            cap = max(timeout_ms / 1000, 0.25) * 4
+            self._backoff.failed(err, max_sleep=cap if idle_left is None else min(cap, idle_left))
+            return []
+        if not batch:
+            # kafka-python polls quietly through an outage: an empty poll proves nothing
+            # about the broker (lag() asks it), records do.
+            return []
+        self._idle_start = None
+        self.unreachable_since = None
+        return [rec for tp in sorted(batch) for rec in batch[tp]]
+
+    @staticmethod
+    def _message(rec: Any) -> SourceMessage:
+        return SourceMessage(
+            value=rec.value if rec.value is not None else b"",
+            position={"topic": rec.topic, "partition": rec.partition, "offset": rec.offset},
+            key=rec.key,
+        )
+
+    def poll(self, max_records: int = 500, timeout_s: float = 0.5) -> list[SourceMessage] | None:
+        """Return the next records (``[]`` if none arrive within ``timeout_s``).
+
+        Parameters
+        ----------
+        max_records : int, default 500
+        timeout_s : float, default 0.5
+
+        Returns
+        -------
+        list of SourceMessage or None
+            None only after ``max_idle_seconds`` without a record. Every message returned
+            counts as consumed (:meth:`positions` moves past it).
+        """
+        records = self._fetch(min(max_records, self.max_poll_records), int(timeout_s * 1000))
+        if records is None:
+            return None
+        for rec in records:
+            self._next[(rec.topic, rec.partition)] = rec.offset + 1
+        return [self._message(rec) for rec in records]
 
     def __iter__(self) -> Iterator[SourceMessage]:
-        backoff = Backoff(
-            maximum=self._retry_backoff_max_s, logger=log, what=f"Kafka consume from {self.topic}"
-        )
-        last_record = time.monotonic()
+        self._idle_start = None
         while True:
             if self._stop.is_set():
                 self._stop.clear()  # the next iteration starts afresh
                 return
-            idle_left = (
-                None
-                if self.max_idle_seconds is None
-                else self.max_idle_seconds - (time.monotonic() - last_record)
-            )
-            if idle_left is not None and idle_left <= 0:
-                log.debug(
-                    "topic %s idle for %.1f s; ending iteration", self.topic, self.max_idle_seconds
-                )
+            records = self._fetch(self.max_poll_records, self.poll_timeout_ms)
+            if records is None:
                 return
-            try:
-                if self._ensure_assigned():
-                    batch = self._consumer.poll(timeout_ms=self.poll_timeout_ms)
-                    self._learn_start_positions(batch)
-                else:
-                    # Topic not created yet: wait without busy-looping, then look again.
-                    batch = {}
-                    self._last_refresh = -float("inf")
-                    self._stop.wait(self.poll_timeout_ms / 1000)
-                backoff.succeeded()
-            except Exception as err:
-                if not is_retriable(err):
-                    raise
-                backoff.failed(err, max_sleep=idle_left)
-                continue
-            if not batch:
-                continue
-            records = [rec for tp in sorted(batch) for rec in batch[tp]]
             generation = self._seek_generation
             done = 0
             try:
@@ -669,15 +826,7 @@ class KafkaSource:
                         break
                     self._next[(rec.topic, rec.partition)] = rec.offset + 1
                     done += 1
-                    yield SourceMessage(
-                        value=rec.value if rec.value is not None else b"",
-                        position={
-                            "topic": rec.topic,
-                            "partition": rec.partition,
-                            "offset": rec.offset,
-                        },
-                        key=rec.key,
-                    )
+                    yield self._message(rec)
             finally:
                 # Stopped, or the caller abandoned the iterator, mid-batch: move the fetch
                 # position back to the first record not yielded, or the next iteration would
@@ -685,34 +834,6 @@ class KafkaSource:
                 # where the caller wants it.
                 if done < len(records) and self._seek_generation == generation:
                     self._rewind(records[done:])
-            last_record = time.monotonic()
-
-    def _learn_start_positions(self, batch: Mapping[Any, Sequence[Any]]) -> None:
-        """Record where partitions that have yielded nothing yet will start.
-
-        Without this, a checkpoint would omit such partitions and a restart would fall back
-        to the committed offset, which may have expired (the group has no members under
-        manual assignment, so the broker's offsets retention applies), and then to the
-        earliest offset: records learned before would be learned again.
-        """
-        from kafka.errors import KafkaError
-
-        for tp in self._assigned:
-            key = (tp.topic, tp.partition)
-            if key in self._next:
-                continue
-            records = batch.get(tp)
-            if records:
-                # poll() already moved the consumer's position past this batch.
-                self._next[key] = records[0].offset
-                continue
-            try:
-                # timeout 0: only what the consumer already knows; never block here.
-                offset = self._consumer.position(tp, timeout_ms=0)
-            except KafkaError:
-                continue
-            if offset is not None:
-                self._next[key] = offset
 
     def _rewind(self, rest: Sequence[Any]) -> None:
         from kafka import TopicPartition
@@ -734,9 +855,8 @@ class KafkaSource:
     def positions(self) -> dict[str, Any]:
         """Return ``{"topic:partition": next_offset}`` for every partition whose position is known.
 
-        That is every assigned partition once the consumer has resolved its start offset
-        (after the first successful poll), plus any partition passed to :meth:`seek`. Before
-        that, missing partitions resume from the committed offset, else the earliest.
+        That is every assigned partition (its start is resolved on assignment) plus any
+        partition passed to :meth:`seek`.
 
         Returns
         -------
@@ -744,6 +864,18 @@ class KafkaSource:
         """
         merged = {**self._next, **self._pending_seek}
         return {f"{t}:{p}": off for (t, p), off in sorted(merged.items())}
+
+    def start(self) -> dict[str, Any]:
+        """Connect, assign and resolve the start of every partition; return :meth:`positions`.
+
+        Raises
+        ------
+        kafka.errors.KafkaError
+            The broker did not answer (no retry here: callers probing at start-up want the
+            error).
+        """
+        self._ensure_assigned()
+        return self.positions()
 
     def seek(self, positions: Mapping[str, Any]) -> None:
         """Resume from checkpoint positions.
@@ -781,13 +913,38 @@ class KafkaSource:
             self._next[(topic, part)] = offset
         self._seek_generation += 1
 
-    def commit(self, positions: Mapping[str, Any] | None = None) -> bool:
+    def offsets(self, positions: Mapping[str, Any] | None = None, tag: str = "") -> dict[Any, Any]:
+        """Positions as ``{TopicPartition: OffsetAndMetadata}``, for a commit or a transaction.
+
+        Parameters
+        ----------
+        positions : dict, optional
+            Default :meth:`positions`.
+        tag : str, optional
+            Stored as commit metadata (``stream-dp/1 <tag>``) and read back by
+            :meth:`committed`.
+
+        Returns
+        -------
+        dict
+        """
+        from kafka import OffsetAndMetadata, TopicPartition
+
+        parsed = _parse_kafka_positions(positions if positions is not None else self.positions())
+        meta = COMMIT_METADATA_PREFIX + tag if tag else ""
+        return {
+            TopicPartition(t, p): OffsetAndMetadata(off, meta, -1) for (t, p), off in parsed.items()
+        }
+
+    def commit(self, positions: Mapping[str, Any] | None = None, tag: str = "") -> bool:
         """Commit offsets to the consumer group.
 
         Parameters
         ----------
         positions : dict, optional
             ``{"topic:partition": next_offset}``; default :meth:`positions`.
+        tag : str, optional
+            Commit metadata, read back by :meth:`committed`.
 
         Returns
         -------
@@ -801,12 +958,7 @@ class KafkaSource:
         kafka.errors.KafkaError
             Non-retriable failures (e.g. not authorised for the group).
         """
-        from kafka import OffsetAndMetadata, TopicPartition
-
-        parsed = _parse_kafka_positions(positions if positions is not None else self.positions())
-        offsets = {
-            TopicPartition(t, p): OffsetAndMetadata(off, "", -1) for (t, p), off in parsed.items()
-        }
+        offsets = self.offsets(positions, tag)
         if not offsets:
             return True
         backoff = Backoff(
@@ -834,20 +986,69 @@ class KafkaSource:
                     return False
                 backoff.failed(err, max_sleep=deadline - time.monotonic())
 
-    def lag(self) -> int | None:
-        """Records on the broker not yet yielded, summed over assigned partitions (for status).
+    def committed(self, timeout_s: float | None = None) -> dict[str, tuple[int, str | None]]:
+        """The group's committed offsets for this topic, with the tags they were committed with.
 
-        Asks the broker for end offsets (one short request); returns None when the broker is
-        unreachable or nothing is assigned yet. Never raises.
+        Parameters
+        ----------
+        timeout_s : float, optional
+            Bound on each request; default ``request_timeout_s``.
+
+        Returns
+        -------
+        dict
+            ``{"topic:partition": (offset, tag)}`` for every partition of the topic that has
+            a committed offset; ``tag`` is None when the commit was not made by a
+            :class:`KafkaSource` (another tool, or no metadata).
+
+        Raises
+        ------
+        kafka.errors.KafkaError
+            The broker did not answer within ``request_timeout_s``.
+        """
+        from kafka import TopicPartition
+
+        consumer = self._ensure_consumer()
+        timeout_ms = self.request_timeout_ms if timeout_s is None else int(timeout_s * 1000)
+        if self._static_partitions is not None:
+            parts = self._static_partitions
+        else:
+            parts = sorted(consumer.partitions_for_topic(self.topic) or ())
+        out: dict[str, tuple[int, str | None]] = {}
+        for p in parts:
+            meta = consumer.committed(
+                TopicPartition(self.topic, p), metadata=True, timeout_ms=timeout_ms
+            )
+            if meta is None:
+                continue
+            text = meta.metadata or ""
+            tag = (
+                text[len(COMMIT_METADATA_PREFIX) :]
+                if text.startswith(COMMIT_METADATA_PREFIX)
+                else None
+            )
+            out[f"{self.topic}:{p}"] = (int(meta.offset), tag)
+        return out
+
+    def lag(self, timeout_s: float | None = None) -> int | None:
+        """Records on the broker not yet consumed, summed over assigned partitions (for status).
+
+        Asks the broker for end offsets (one short request, bounded by ``timeout_s``, default
+        ``request_timeout_s``); returns None when the broker is unreachable (then
+        :attr:`unreachable_since` is set) or nothing is assigned yet. Never raises.
         """
         from kafka.errors import KafkaError
 
         if self._consumer is None or not self._assigned:
             return None
+        timeout_ms = self.request_timeout_ms if timeout_s is None else int(timeout_s * 1000)
         try:
-            ends = self._consumer.end_offsets(list(self._assigned))
+            ends = self._consumer.end_offsets(list(self._assigned), timeout_ms=timeout_ms)
         except (KafkaError, OSError, ValueError):
+            if self.unreachable_since is None:
+                self.unreachable_since = time.time()
             return None
+        self.unreachable_since = None
         total = 0
         for tp, end in ends.items():
             nxt = self._next.get((tp.topic, tp.partition))

@@ -1,9 +1,9 @@
-"""Buffers of past records that each new record is paired with (SPEC §4).
+"""Buffers of past records that each new record is paired with.
 
 Which records sit in a buffer depends only on arrival indices and a keyed RNG, never on record
 values — otherwise the sensitivity analysis breaks. Buffers preallocate their arrays; a slot is
 identified by its row, and ``ids`` holds the arrival step of the record in each slot, which the
-certified-sensitivity tracker needs.
+certified-sensitivity tracker needs (``docs/privacy.md``, *Certified sensitivity*).
 
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from stream_dp.privacy.noise import KeyedNoise
 
-__all__ = ["Buffer", "AllBuffer", "FIFOBuffer", "ReservoirBuffer", "make_buffer"]
+__all__ = ["Buffer", "AllBuffer", "FIFOBuffer", "ReservoirBuffer", "ClassBuffers", "make_buffer"]
 
 
 class Buffer:
@@ -66,18 +66,9 @@ class Buffer:
         and ``nb[j]`` is the number of members before it arrives (``nb[m]`` after the last).
         A pure function of the indices and the keyed coins — never of record values. Storage
         is grown here if needed (``all``); membership changes only through :meth:`add` or the
-        kernels' writes followed by :meth:`advance`. For ``m == 1`` FIFO and ``all`` buffers
-        return the same three small arrays every time (no allocation on the per-record path):
-        use them before the next call.
+        fast path's writes followed by :meth:`advance`.
         """
         raise NotImplementedError  # pragma: no cover
-
-    def _single(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        one = self.__dict__.get("_one")
-        if one is None:
-            one = (np.array([0, 1], dtype=np.int64), np.zeros(1, np.int64), np.zeros(2, np.int64))
-            self._one = one
-        return one
 
     def advance(self, k: int) -> None:
         """Account for ``k`` records written as :meth:`plan_writes` planned (size, ring head)."""
@@ -154,22 +145,36 @@ class AllBuffer(Buffer):
     kind = "all"
 
     def __init__(self, warn_above: int = 100_000) -> None:
+        # (members, unused, storage rows) in one array, shared with the compiled fast path.
+        self._ring = np.array([0, 0, 0], dtype=np.int64)
         super().__init__()
         self.warn_above = int(warn_above)
         self._warned = False
+
+    @property
+    def n(self) -> int:
+        return int(self._ring[0])
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self._ring[0] = value
+
+    def ring_state(self) -> np.ndarray:
+        """``[members, 0, storage rows]``, read and advanced in place by the fast path."""
+        return self._ring
 
     def bind(self, dim: int) -> None:
         self.dim = dim
         self._alloc(64, dim)
 
-    def plan_writes(self, t0, m, noise=None):
-        if m == 1 and self.n < len(self.Y):
-            off, slots, nb = self._single()
-            slots[0] = nb[0] = self.n
-            nb[1] = self.n + 1
-            return off, slots, nb
+    def _alloc(self, rows: int, dim: int) -> None:
+        super()._alloc(rows, dim)
+        self._ring[2] = rows
+
+    def reserve(self, m: int) -> None:
+        """Make room for m more records (storage doubles, as one append at a time would)."""
         need = self.n + m
-        if need > len(self.Y):  # double, as one append at a time would
+        if need > len(self.Y):
             cap = len(self.Y)
             while cap < need:
                 cap *= 2
@@ -180,11 +185,18 @@ class AllBuffer(Buffer):
                 Y[: self.n],
                 ids[: self.n],
             )
-        rows = np.arange(self.n, need + 1, dtype=np.int64)
+
+    def plan_writes(self, t0, m, noise=None):
+        self.reserve(m)
+        rows = np.arange(self.n, self.n + m + 1, dtype=np.int64)
         return np.arange(m + 1, dtype=np.int64), rows[:m], rows
 
     def advance(self, k):
         self.n += k
+        self.check_size()
+
+    def check_size(self) -> None:
+        """Warn once when the buffer passes ``warn_above`` records."""
         if self.n > self.warn_above and not self._warned:
             self._warned = True
             warnings.warn(
@@ -207,8 +219,7 @@ class FIFOBuffer(Buffer):
     def __init__(self, size: int) -> None:
         if int(size) < 1:
             raise ValueError(f"buffer size must be >= 1, got {size!r}")
-        # (members, ring head, size) in one array, which the compiled one-record step of the
-        # online learners (stream_dp._kernels.step_one) reads and advances in place.
+        # (members, ring head, size) in one array, shared with the compiled fast path.
         self._ring = np.array([0, 0, int(size)], dtype=np.int64)
         super().__init__()
         self.size = int(size)
@@ -233,14 +244,11 @@ class FIFOBuffer(Buffer):
     def capacity(self) -> int:
         return self.size
 
+    def ring_state(self) -> np.ndarray:
+        """``[members, next slot, size]``, read and advanced in place by the fast path."""
+        return self._ring
+
     def plan_writes(self, t0, m, noise=None):
-        if m == 1:
-            one = self._single()
-            n, nb = self.n, one[2]
-            one[1][0] = self._next
-            nb[0] = n
-            nb[1] = min(n + 1, self.size)
-            return one
         j = np.arange(m + 1, dtype=np.int64)
         return j, (self._next + j[:m]) % self.size, np.minimum(self.n + j, self.size)
 
@@ -325,3 +333,122 @@ def make_buffer(spec: str | int | Buffer, warn_above: int = 100_000) -> Buffer:
     raise ValueError(
         f"invalid buffer {spec!r}: use 'all', an int (FIFO size), 'fifo:N' or 'reservoir:N'"
     )
+
+
+class ClassBuffers:
+    """Per-class rings of ``size`` records with a use cap: AUC partners from the other class.
+
+    A record of class ``y ∈ {−1, +1}`` is paired with the *active* members of the other class's
+    ring; every member used this way counts one use, and a member with ``use_cap`` uses is
+    inactive (it is never paired again). The record then enters its own class's ring, replacing
+    the oldest of the last ``size`` records of its class (active or not). So a record of class
+    y is active at step t exactly when fewer than ``size`` records of class y and fewer than
+    ``use_cap`` records of the other class arrived after it — a function of the labels only,
+    never of feature values. The correlated-noise learner divides by a fixed ``B ≥ size``, so a
+    step's gradient has norm at most ``G·size/B`` and a record counts at most ``use_cap`` later
+    pairings: its influence is bounded even when one class is rare. What a changed label does
+    to the *other* records (it takes or frees a slot, it uses the other ring's members or not) is
+    bounded in ``docs/privacy.md`` (*Per-class buffers with a use cap*) and by
+    :func:`stream_dp.privacy.influence.capped_class_pattern`.
+
+    Parameters
+    ----------
+    size
+        Slots per class (S).
+    use_cap
+        Pairings after which a member is inactive (K).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> b = ClassBuffers(size=2, use_cap=1)
+    >>> b.bind(1)
+    >>> b.add(np.array([1.0]), -1.0, step=1)
+    >>> slots = b.partners(+1.0)
+    >>> b.partner_rows(+1.0, slots)[0].tolist(), b.use(+1.0, slots)
+    ([[1.0]], None)
+    >>> len(b.partners(+1.0))  # used once: capped
+    0
+
+    """
+
+    kind = "class"
+
+    def __init__(self, size: int, use_cap: int) -> None:
+        if isinstance(size, bool) or int(size) < 1:
+            raise ValueError(f"buffer size must be >= 1, got {size!r}")
+        if isinstance(use_cap, bool) or int(use_cap) < 1:
+            raise ValueError(f"use_cap must be >= 1, got {use_cap!r}")
+        self.size = int(size)
+        self.use_cap = int(use_cap)
+        self.dim: int | None = None
+        self.X: np.ndarray | None = None
+        self.ids = np.full((2, self.size), -1, dtype=np.int64)  # arrival step; -1: empty slot
+        self.uses = np.zeros((2, self.size), dtype=np.int64)
+        self.head = np.zeros(2, dtype=np.int64)
+
+    @staticmethod
+    def _row(y: float) -> int:
+        if y not in (-1.0, 1.0):
+            raise ValueError(f"class buffers hold AUC labels -1/+1, got {y!r}")
+        return int(y > 0)
+
+    def bind(self, dim: int) -> None:
+        """Allocate storage once the feature dimension is known."""
+        self.dim = int(dim)
+        self.X = np.zeros((2, self.size, self.dim))
+
+    def partners(self, y: float) -> np.ndarray:
+        """Slots of the active members of the class opposite to ``y``."""
+        other = 1 - self._row(y)
+        return np.flatnonzero((self.ids[other] >= 0) & (self.uses[other] < self.use_cap))
+
+    def partner_rows(self, y: float, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(X, Y)`` of those slots (Y is the other class's label)."""
+        other = 1 - self._row(y)
+        X = self.X[other, slots] if self.X is not None else np.zeros((0, 0))
+        return X, np.full(len(slots), 1.0 if other else -1.0)
+
+    def use(self, y: float, slots: np.ndarray) -> None:
+        """Count one use for each of ``slots`` (the partners of a record of class ``y``)."""
+        self.uses[1 - self._row(y), slots] += 1
+
+    def add(self, x: np.ndarray, y: float, step: int) -> None:
+        """Admit record ``step`` into its class's ring (the oldest of the class leaves)."""
+        row = self._row(y)
+        slot = int(self.head[row])
+        self.X[row, slot] = x
+        self.ids[row, slot] = step
+        self.uses[row, slot] = 0
+        self.head[row] = (slot + 1) % self.size
+
+    def member_ids(self, y: float) -> np.ndarray:
+        """Arrival steps of the active members of class ``y`` (for tests and audits)."""
+        row = self._row(y)
+        keep = (self.ids[row] >= 0) & (self.uses[row] < self.use_cap)
+        return np.sort(self.ids[row][keep])
+
+    def state_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "params": {"size": self.size, "use_cap": self.use_cap},
+            "dim": self.dim,
+            "X": None if self.X is None else self.X.copy(),
+            "ids": self.ids.copy(),
+            "uses": self.uses.copy(),
+            "head": self.head.copy(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        params = {"size": self.size, "use_cap": self.use_cap}
+        if state["kind"] != self.kind or state["params"] != params:
+            raise ValueError(
+                f"checkpoint holds a {state['kind']}{state['params']} buffer, "
+                f"this learner uses {self.kind}{params}"
+            )
+        if state["dim"] is not None:
+            self.bind(int(state["dim"]))
+            self.X[...] = state["X"]
+        self.ids[...] = state["ids"]
+        self.uses[...] = state["uses"]
+        self.head[...] = state["head"]

@@ -22,6 +22,7 @@ start resets the ledger, so it is the caller's explicit decision.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import json
@@ -44,6 +45,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "params_fingerprint",
+    "remove_stale_temporaries",
+    "write_private",
 ]
 
 CHECKPOINT_VERSION = 2
@@ -161,7 +164,7 @@ def save_checkpoint(
     --------
     >>> import tempfile, os
     >>> from stream_dp.online import OnPairStrC
-    >>> m = OnPairStrC(alpha=1.0, seed=3, reproducible=True)
+    >>> m = OnPairStrC(alpha=1.0, features=["a"])
     >>> m.learn_one({"a": 0.5}, True)
     >>> p = os.path.join(tempfile.mkdtemp(), "ckpt")
     >>> save_checkpoint(p, m.state_dict(), {"line": 1})
@@ -196,23 +199,75 @@ def save_checkpoint(
     head = json.dumps(header, allow_nan=False).encode()
     blob = _MAGIC + len(head).to_bytes(8, "big") + head + payload
 
+    write_private(path, blob)
+
+
+def write_private(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` by ``data`` atomically, with mode 0600.
+
+    The bytes go to a temporary file ``.<name>.<random>.tmp`` in the same directory, which is
+    renamed over ``path`` (atomic on POSIX): a reader sees the old file or the new one, never
+    a mix. With ``durable``, the file and then the directory are fsynced, so the rename
+    survives a power cut. A crash can leave the temporary file behind;
+    :func:`remove_stale_temporaries` deletes such leftovers.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination; its directory must exist.
+    data : bytes
+    durable : bool, default True
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "status.json")
+    >>> write_private(p, b"{}")
+    >>> oct(os.stat(p).st_mode & 0o777), open(p).read()
+    ('0o600', '{}')
+    """
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(blob)
+            f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    if durable:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files an interrupted :func:`write_private` of ``path`` left.
+
+    Only call this while no other process writes ``path`` (the engine holds its state
+    directory's lock).
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files removed.
+    """
+    path = Path(path)
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def load_checkpoint(

@@ -1,4 +1,4 @@
-"""Constraint sets C and their Euclidean projections Π_C (SPEC §3).
+"""Constraint sets C and their Euclidean projections Π_C (`docs/algorithms.md`, *Constraints*).
 
 Projections are non-expansive; every sensitivity bound in :mod:`stream_dp.sensitivity` relies on
 that. Each set also reports ``max_norm`` (sup ‖w‖ over C) and ``diameter`` (sup ‖w − w'‖), and
@@ -12,9 +12,64 @@ import math
 
 import numpy as np
 
-from stream_dp._kernels import project_l2, project_psd_frobenius
+from stream_dp._jit import jitable
+from stream_dp.linalg import is_pos_def, sym_eigh
 
-__all__ = ["ConstraintSet", "L2Ball", "PSDFrobeniusBall", "PSDNuclearBall", "project_simplex_leq"]
+__all__ = [
+    "ConstraintSet",
+    "L2Ball",
+    "PSDFrobeniusBall",
+    "PSDNuclearBall",
+    "project_l2",
+    "project_psd_frobenius",
+    "project_simplex_leq",
+]
+
+
+# -- the projections, in place on flat parameter vectors (also called from compiled code) -----
+@jitable
+def project_l2(w, radius):
+    """``w ← w·min(1, D/‖w‖)`` in place (Euclidean / Frobenius ball)."""
+    norm = math.sqrt(np.dot(w, w))
+    if norm > radius:
+        w *= radius / norm
+
+
+@jitable
+def project_psd_frobenius(w, d, radius, lam_out, V_out):
+    """Project the flattened d × d matrix ``w`` in place onto ``{W ⪰ 0, ‖W‖_F ≤ D}``.
+
+    Symmetrise; if the result is positive definite (its Cholesky factorisation succeeds) it is
+    its own projection onto the cone, and only the ball remains (a scaling) — no
+    eigendecomposition. Otherwise: eigendecompose, clip the eigenvalues at 0, scale them into the
+    ball and rebuild. Returns 1 when the eigenpairs of the result were written to ``lam_out`` /
+    ``V_out`` (so a square root costs no second decomposition), 0 otherwise. Compiled, the
+    eigendecomposition is :func:`stream_dp.linalg.sym_eigh`'s QL body (agreeing with LAPACK's to
+    ~d·eps·‖S‖).
+    """
+    W = w.reshape((d, d))
+    S = 0.5 * (W + W.T)
+    # A positive diagonal is necessary for positive definiteness: a cheap gate before Cholesky
+    # (a noisy release almost never passes it, the learner's iterate almost always does).
+    if np.all(np.diag(S) > 0.0) and is_pos_def(S):
+        norm = math.sqrt(np.sum(S * S))
+        if norm > radius:
+            S = S * (radius / norm)
+        w[:] = S.ravel()
+        return 0
+    lam, V = sym_eigh(S)
+    lam = np.maximum(lam, 0.0)
+    norm = math.sqrt(np.dot(lam, lam))
+    if norm > radius:
+        lam = lam * (radius / norm)
+    # Only the positive eigenpairs contribute: for a noisy release about half of them.
+    keep = np.flatnonzero(lam > 0.0)
+    Vk = V[:, keep]
+    P = np.dot(Vk * lam[keep], Vk.T)
+    w[:] = (0.5 * (P + P.T)).ravel()
+    lam_out[:] = lam
+    V_out[:, :] = V
+    return 1
 
 
 class ConstraintSet:
@@ -27,6 +82,15 @@ class ConstraintSet:
 
     def contains(self, w: np.ndarray, tol: float = 1e-9) -> bool:  # pragma: no cover
         raise NotImplementedError
+
+    def project_inplace(self, flat: np.ndarray, lam: np.ndarray, V: np.ndarray) -> bool:
+        """Project the flattened parameter in place; True when the eigenpairs of the result
+        were written to ``lam``/``V`` (PSD sets: the square root of a release then costs no
+        second decomposition)."""
+        d = lam.shape[0]
+        shape = (d, d) if flat.size == d * d and flat.size != d else (flat.size,)
+        flat[:] = self.project(flat.reshape(shape)).reshape(-1)
+        return False
 
     @property
     def max_norm(self) -> float:
@@ -67,12 +131,16 @@ class L2Ball(ConstraintSet):
         self.radius = float(radius)
 
     def project(self, w: np.ndarray) -> np.ndarray:
-        out = np.array(w, dtype=float)  # a copy; the kernel projects in place
+        out = np.array(w, dtype=float)  # a copy: project_l2 works in place
         project_l2(out.reshape(-1), self.radius)
         return out
 
     def contains(self, w: np.ndarray, tol: float = 1e-9) -> bool:
         return float(np.linalg.norm(w)) <= self.radius * (1 + tol)
+
+    def project_inplace(self, flat: np.ndarray, lam: np.ndarray, V: np.ndarray) -> bool:
+        project_l2(flat, self.radius)
+        return False
 
     @property
     def diameter(self) -> float:
@@ -117,7 +185,7 @@ class PSDFrobeniusBall(ConstraintSet):
     def project(self, W: np.ndarray) -> np.ndarray:
         """Symmetrise, then: positive definite (a Cholesky test) → only the ball applies (a
         scaling, no eigendecomposition); otherwise clip the eigenvalues at 0 and scale them into
-        the ball (:func:`stream_dp._kernels.project_psd_frobenius`, shared with the learners)."""
+        the ball (:func:`project_psd_frobenius`, shared with the learners' fast path)."""
         d = W.shape[0]
         if W.ndim != 2 or W.shape[1] != d:
             raise ValueError(f"expected a square matrix, got shape {W.shape}")
@@ -132,6 +200,9 @@ class PSDFrobeniusBall(ConstraintSet):
         return bool(lam.min() >= -tol * max(1.0, self.radius)) and float(
             np.linalg.norm(lam)
         ) <= self.radius * (1 + tol)
+
+    def project_inplace(self, flat: np.ndarray, lam: np.ndarray, V: np.ndarray) -> bool:
+        return bool(project_psd_frobenius(flat, lam.shape[0], self.radius, lam, V))
 
     @property
     def diameter(self) -> float:

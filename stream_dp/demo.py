@@ -94,7 +94,7 @@ def choose_alpha(cls: type, n: int, preferred: float, max_fraction: float = MAX_
     """
 
     def t1(alpha: float) -> int:
-        return cls(task="auc", alpha=alpha, horizon=None).T1
+        return cls(task="auc", alpha=alpha, horizon=None, features=1).T1
 
     limit = max_fraction * n
     if t1(preferred) <= limit:
@@ -183,6 +183,7 @@ class ModelResult:
     last_sigma: float = math.nan
     cos_w0: float = math.nan
     describe: str = ""
+    features: tuple[str, ...] = ()
     curve_t: list[int] = field(default_factory=list)
     curve_auc: list[float] = field(default_factory=list)
     curve_penalty: list[float] = field(default_factory=list)
@@ -238,15 +239,22 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-def _plan_models(n: int, name: str, epsilons: Sequence[float]) -> list[ModelResult]:
+def _plan_models(
+    n: int, name: str, epsilons: Sequence[float], features: tuple[str, ...]
+) -> list[ModelResult]:
     """Result stubs (the learner specs): GIGA, then OnPairStrC and OnPairC at each ε."""
     strc_alpha, strc_why = choose_alpha(OnPairStrC, n, STRC_ALPHA)
     c_alpha, c_why = choose_alpha(OnPairC, n, n**-0.25)
     c_why = "n^(-1/4), Huai Alg. 2" if c_why == "default" else c_why
-    out = [ModelResult(name, "PairwiseGIGA", None, strc_alpha, strc_why, None, n=n)]
+    out = [
+        ModelResult(name, "PairwiseGIGA", None, strc_alpha, strc_why, None, n=n, features=features)
+    ]
     k = release_every_for(n)
     for algo, alpha, why in (("OnPairStrC", strc_alpha, strc_why), ("OnPairC", c_alpha, c_why)):
-        out += [ModelResult(name, algo, float(e), alpha, why, k, n=n) for e in epsilons]
+        out += [
+            ModelResult(name, algo, float(e), alpha, why, k, n=n, features=features)
+            for e in epsilons
+        ]
     return out
 
 
@@ -268,6 +276,7 @@ def _make_learner(res: ModelResult, seed: int | None, keep_history: bool = True)
         reproducible=seed is not None,
         track_regret=keep_history,
         keep_history=keep_history,
+        features=res.features,
     )
     if res.epsilon_target is None:
         return PairwiseGIGA(model_id=f"demo-{res.dataset}-giga", **common)
@@ -704,7 +713,7 @@ def run_demo(settings: DemoSettings) -> list[ModelResult]:
             f"[{name}] FIFO({BUFFER}), R = {DATA_RADIUS:g}, D = {MODEL_RADIUS:g}, δ = {DELTA:g}, "
             f"release_every = {release_every_for(n)}, smoothing window = {SMOOTHING_WINDOW}"
         )
-        for res in _plan_models(n, name, settings.epsilons):
+        for res in _plan_models(n, name, settings.epsilons, data.feature_names):
             results.append(res)
             if res.epsilon_target is None:
                 say(f"  {res.label}: α = {res.alpha:g} ({res.alpha_reason}); no noise, no warm-up")

@@ -1,8 +1,12 @@
-"""Pairwise losses, vectorised over a whole buffer, and their constants (SPEC §2).
+"""Pairwise losses, vectorised over a whole buffer, and their constants.
 
 Every loss works on *pair differences*: for a new record ``(x, y)`` and buffer rows
 ``(X[k], Y[k])``, ``D[k] = x − X[k]`` and a per-pair label coefficient ``c[k]``. One call handles
-the whole buffer: no Python loop over partners.
+the whole buffer: no Python loop over partners. The classes serve the offline algorithms and the
+online learners' reference step; :func:`buffer_terms` is the same logistic losses as one compiled
+pass over a buffer, for the online fast path (``docs/design.md``, *Reference step and fast
+path*), held equal to the classes by ``tests/test_losses.py``. One concept — the pairwise losses
+of the papers, in the two forms the learners need — hence one module of ~600 lines.
 
 The constants G (Lipschitz in w), L (smoothness) and α (strong convexity) hold for data clipped
 to ``‖x‖₂ ≤ R`` (so ``‖D[k]‖ ≤ 2R``) and are derived here and nowhere else:
@@ -30,7 +34,13 @@ import math
 import numpy as np
 from scipy import special
 
+from stream_dp._jit import NUMBA_INSTALLED, compiled_body, jitable, njit
+from stream_dp.linalg import row_dots
+
 __all__ = [
+    "buffer_terms",
+    "dphi",
+    "phi",
     "LossConstants",
     "PairwiseLoss",
     "LogisticAUCLoss",
@@ -52,14 +62,45 @@ class LossConstants:
     strong_convexity: float = 0.0
 
 
-def _phi(u: np.ndarray) -> np.ndarray:
-    # log(1 + e^{-u}) without overflow.
+def phi(u: np.ndarray) -> np.ndarray:
+    """The logistic loss ``φ(u) = log(1 + e^{−u})``, without overflow.
+
+    Examples
+    --------
+    >>> float(phi(np.array(0.0))) == math.log(2.0)
+    True
+
+    """
     return np.logaddexp(0.0, -u)
 
 
-def _dphi(u: np.ndarray) -> np.ndarray:
-    # φ'(u) = −1 / (1 + e^{u}) = −σ(−u).
+def dphi(u: np.ndarray) -> np.ndarray:
+    """``φ'(u) = −1 / (1 + e^{u}) = −σ(−u)``, in (−1, 0).
+
+    Examples
+    --------
+    >>> float(dphi(np.array(0.0)))
+    -0.5
+
+    """
     return -special.expit(-u)
+
+
+# numba has neither logaddexp nor expit: the same functions, written with exp and log1p.
+@compiled_body(phi)
+def _phi_compiled(u):
+    def impl(u):  # log(1 + e^{−u}) = max(−u, 0) + log1p(e^{−|u|})
+        return np.maximum(-u, 0.0) + np.log1p(np.exp(-np.abs(u)))
+
+    return impl
+
+
+@compiled_body(dphi)
+def _dphi_compiled(u):
+    def impl(u):  # exp overflows to inf harmlessly: −1/(1 + inf) = −0
+        return -1.0 / (1.0 + np.exp(u))
+
+    return impl
 
 
 class PairwiseLoss:
@@ -274,10 +315,10 @@ class LogisticAUCLoss(PairwiseLoss):
 
     def _pair_loss(self, u, c):
         # φ(c·u); a tied pair (c = 0) gives φ(0) = log 2, kept for the value only.
-        return _phi(c * u)
+        return phi(c * u)
 
     def _coef(self, u, c):
-        return _dphi(c * u) * c  # zero for tied pairs
+        return dphi(c * u) * c  # zero for tied pairs
 
 
 class LogisticMetricLoss(PairwiseLoss):
@@ -304,11 +345,11 @@ class LogisticMetricLoss(PairwiseLoss):
         return np.einsum("ij,ij->i", D @ W, D)
 
     def _pair_loss(self, u, c):
-        return _phi(c * (1.0 - u))
+        return phi(c * (1.0 - u))
 
     def _coef(self, u, c):
         # ∇_W φ(c(1 − δᵀWδ)) = −φ'(c(1 − u))·c·δδᵀ.
-        return -_dphi(c * (1.0 - u)) * c
+        return -dphi(c * (1.0 - u)) * c
 
 
 class HingeAUCLoss(PairwiseLoss):
@@ -353,7 +394,8 @@ class Regularized(PairwiseLoss):
     """``ℓ(w) + (α/2)‖w − w₀‖²`` (``w₀ = 0`` when ``center`` is None).
 
     Used by OnPairStrC/OffPairStrC (``center=None``: G grows by ``α·D``) and by OnPairC/OffPairC
-    (``center=w₀ ∈ C``: G grows by ``α·diam(C)``), as SPEC §2 and Huai et al. Alg. 2.
+    (``center=w₀ ∈ C``: G grows by ``α·diam(C)``), as in Huai et al. (2020) Alg. 1–2
+    (``docs/algorithms.md``, *Losses and constants*).
 
     Parameters
     ----------
@@ -473,3 +515,95 @@ def get_loss(task: str, name: str = "logistic") -> PairwiseLoss:
         raise ValueError(
             f"no {name!r} loss for task {task!r}; choose from {sorted(_LOSSES)}"
         ) from None
+
+
+# -- the logistic losses over a buffer, compiled (the online fast path) ------------------------
+_LOG2 = math.log(2.0)
+
+
+def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):  # pragma: no cover - compiled
+    """The logistic AUC loss of ``(x, y)`` against the first n rows, in one pass over them.
+
+    Tied pairs (``y = Y[k]``) cost ``φ(0) = log 2`` and no gradient. The log of the product of
+    the factors ``1 + e^{−|u|}`` ∈ (1, 2] replaces one log per pair (one per ~700 pairs).
+    """
+    dim = x.shape[0]
+    xw = 0.0
+    xs = 0.0
+    for i in range(dim):
+        xw += x[i] * w[i]
+        xs += x[i] * s[i]
+    if want_grad:
+        g[:] = 0.0
+    value = 0.0  # Σ max(−u, 0)
+    logs = 0.0
+    prod = 1.0
+    csum = 0.0
+    ties = 0
+    for k in range(n):
+        c = y - Y[k]
+        if c == 0.0:
+            ties += 1
+            continue
+        a = 0.0
+        b = 0.0
+        for i in range(dim):
+            a += X[k, i] * s[i]
+            b += X[k, i] * w[i]
+        if want_val:
+            u = c * (xs - a)
+            if u < 0.0:
+                value -= u
+            prod *= 1.0 + math.exp(-abs(u))
+            if prod > 1e200:
+                logs += math.log(prod)
+                prod = 1.0
+        if want_grad:
+            coef = -c / (1.0 + math.exp(c * (xw - b)))
+            csum += coef
+            for i in range(dim):
+                g[i] -= coef * X[k, i]
+    if want_grad:
+        for i in range(dim):
+            g[i] += csum * x[i]
+    if not want_val:
+        return 0.0
+    return value + (logs + math.log(prod)) + ties * _LOG2
+
+
+@jitable
+def _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g):
+    """The logistic metric loss: ``δᵀWδ`` of all partners at once (:func:`row_dots` of ``D·W``
+    and ``D``), gradient ``−Dᵀdiag(φ'·c)D`` scaling the rows of D (one BLAS product)."""
+    D = x - X[:n]
+    c = np.where(Y[:n] == y, 1.0, -1.0)
+    value = 0.0
+    if want_val:
+        u_s = row_dots(np.dot(D, s.reshape((d, d))), D)
+        value = np.sum(phi(c * (1.0 - u_s)))
+    if want_grad:
+        u_w = row_dots(np.dot(D, w.reshape((d, d))), D)
+        coef = -dphi(c * (1.0 - u_w)) * c
+        g[:] = np.dot(D.T, D * coef.reshape((n, 1))).ravel()
+    return value
+
+
+if NUMBA_INSTALLED:
+    # Reassociation lets LLVM vectorise the dot products; only these sums change order.
+    _auc_terms = njit(_auc_terms, fastmath={"reassoc", "contract"})
+
+
+@jitable
+def buffer_terms(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g):  # pragma: no cover
+    """Σ over the first n buffer rows of the logistic loss at ``s`` and its gradient at ``w``.
+
+    The compiled fast path's form of :class:`LogisticAUCLoss` (``task`` 0, ``w`` of length d)
+    and :class:`LogisticMetricLoss` (``task`` 1, ``w`` a flattened d × d matrix): returns
+    ``Σ_k ℓ(s; (x, y), (X_k, Y_k))`` when ``want_val`` (else 0.0) and writes
+    ``Σ_k ∇ℓ(w; …)`` into ``g`` when ``want_grad`` — the served model's penalty and the
+    iterate's gradient against the same partners in one pass. Sums are ordered differently
+    from the classes': they agree to ~1e-15 (``tests/test_losses.py``).
+    """
+    if task == 0:
+        return _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g)
+    return _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g)

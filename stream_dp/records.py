@@ -61,6 +61,8 @@ class FeatureSchema:
         self.unknown_records = 0
         #: Whether the last converted record carried features outside the schema.
         self.last_unknown = False
+        #: Whether :meth:`to_clipped` clipped the last record (its norm exceeded R).
+        self.last_clipped = False
         self._index: dict = {}
         self._getter: operator.itemgetter | None = None
         # (dict, values, radius, clipped vector) of the last dict to_clipped converted; the vector
@@ -82,7 +84,7 @@ class FeatureSchema:
 
     def __getstate__(self) -> dict:
         # The conversion cache holds a raw record: never pickle or copy it with the model.
-        return {**self.__dict__, "_last": None, "last_unknown": False}
+        return {**self.__dict__, "_last": None, "last_unknown": False, "last_clipped": False}
 
     @property
     def dim(self) -> int | None:
@@ -182,6 +184,7 @@ class FeatureSchema:
                 # one record): converted once. Equal values read as equal floats, so the vector
                 # is what a conversion would give.
                 if last is not None and x is last[0] and vals == last[1] and radius == last[2]:
+                    self.last_clipped = last[4]
                     return last[3]
                 try:
                     arr = np.array(vals)
@@ -191,10 +194,15 @@ class FeatureSchema:
                     sq = np.vdot(arr, arr)
                     if math.isfinite(sq):
                         out = clip_norm(arr, radius, sq)
-                        self._last = (x, vals, radius, out)
+                        clipped = out is not arr
+                        self.last_clipped = clipped
+                        self._last = (x, vals, radius, out, clipped)
                         return out
                 # ints, or anything else: the general path converts, or raises
-        return clip_norm(self.to_array(x, learning=learning), radius)
+        v = self.to_array(x, learning=learning)
+        out = clip_norm(v, radius)
+        self.last_clipped = out is not v
+        return out
 
     def _fast_dict(self, x: Mapping, check_finite: bool = True) -> np.ndarray | None:
         """The common case in ~2 µs: exactly the schema's keys, plain finite numbers.

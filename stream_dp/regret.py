@@ -60,6 +60,12 @@ class RegretTracker:
             self._ys.append(y)
             self._members.append(member_ids.copy() if scored else None)
 
+    def nbytes(self) -> int:
+        """Bytes of the records kept for the comparator (0 without ``keep_history``)."""
+        return sum(a.nbytes for a in self._xs) + sum(
+            a.nbytes for a in self._members if a is not None
+        )
+
     @property
     def average_penalty(self) -> float:
         return self.cumulative / self.steps if self.steps else math.nan

@@ -15,6 +15,7 @@ fixed seeds; the tolerances are derived in each test.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -43,6 +44,7 @@ from stream_dp.audit import (
     tail_threshold,
 )
 from stream_dp.audit.power import gdp_boundary
+from stream_dp.audit.targets import _WeakenedNoise
 from stream_dp.offline import OffPairStrC
 from stream_dp.online import OnPairC, OnPairStrC
 from stream_dp.privacy.conversions import gaussian_delta_exact, gaussian_epsilon_exact
@@ -218,8 +220,10 @@ def test_canary_attains_the_certified_sensitivity(task, cls):
     worst case, so any shortfall of noise shows."""
     design = canary_design(task, dim=6, length=5)
     target = online_target(cls.__name__.lower(), design, EPS, DELTA, noise_multiplier=0.0)
-    learner = cls(task=task, epsilon=EPS, delta=DELTA, horizon=5, alpha=design.alpha, warmup=1)
-    diam = learner._constraint.diameter
+    learner = cls(
+        task=task, epsilon=EPS, delta=DELTA, horizon=5, alpha=design.alpha, warmup=1, features=6
+    )
+    diam = learner.constraint.diameter
     for secret in (1, 2, 3):
         with_c = target.observe(True, secret)
         without = target.observe(False, secret + 100)
@@ -241,7 +245,7 @@ def test_trial_learner_is_the_production_learner():
     obs, claim = target.observe(True, 12345), target.claim(True, 12345)
     direct = OnPairStrC(
         task="auc", epsilon=EPS, delta=DELTA, horizon=4, alpha=design.alpha, warmup=1,
-        seed=12345, reproducible=True, model_id="audit", track_regret=False,
+        seed=12345, reproducible=True, model_id="audit", track_regret=False, features=4,
     )  # fmt: skip
     expected = []
     for x, y in design.stream(True):
@@ -273,9 +277,14 @@ def test_ledger_claim_is_the_composed_gaussian_mu():
 
 
 def test_weakened_variant_is_unreachable_from_production():
-    # No learner parameter weakens the noise, and the test-only variant says so in its report.
+    # No learner parameter weakens the noise without making the learner non-private (a noise
+    # source other than the default marks every release "private": false), and the test-only
+    # variant says so in its report.
     with pytest.raises(TypeError):
         OnPairStrC(noise_multiplier=0.25)
+    weakened = functools.partial(_WeakenedNoise, multiplier=0.25)
+    learner = OnPairStrC(task="auc", horizon=100, features=2, noise_source=weakened)
+    assert learner.seed is None and not learner.private
     with pytest.raises(ValueError):
         online_target(noise_multiplier=-1.0)
     target = online_target("onpairstrc", canary_design("auc", dim=3), noise_multiplier=0.25)

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 
 import numpy as np
@@ -46,6 +47,7 @@ def _trained(cls=OnPairStrC, task="auc", n=30, **params):
         reproducible=True,
         buffer=8,
         model_id="m1",
+        features=("a", "b"),
     )
     kw.update(params)
     model = cls(**kw)
@@ -183,7 +185,9 @@ def test_every_flipped_byte_is_refused(saved):
         # (the write time) can take a neighbouring last digit that parses to the same double.
         assert json.loads(damaged[head_off : head_off + head_len]) == original, i
         harmless += 1
-    assert harmless <= 2
+    # At most one harmless flip per 17-significant-digit float (its last digit).
+    long_floats = re.findall(rb"\d\.\d{15,}|\d{2,}\.\d{13,}", header)
+    assert harmless <= len(long_floats)
 
 
 @pytest.mark.parametrize("mask", [0x80, 0xFF, 0x20])
@@ -317,7 +321,7 @@ def test_a_restored_metric_learner_does_not_serve_a_root_cached_before_the_resto
     rng = np.random.default_rng(3)
     X = rng.normal(scale=0.5, size=(40, 3))
     y = rng.integers(0, 2, size=40)
-    params = dict(task="metric", epsilon=4.0, warmup=5, buffer="fifo:8", horizon=None)
+    params = dict(task="metric", epsilon=4.0, warmup=5, buffer="fifo:8", horizon=None, features=3)
     a, b = (
         OnPairStrC(seed=1, reproducible=True, **params),
         OnPairStrC(seed=2, reproducible=True, **params),

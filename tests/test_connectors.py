@@ -40,6 +40,7 @@ from connectors import (
     parse_record,
     publish_release,
 )
+from connectors.schema import conform_features
 
 # --------------------------------------------------------------------------------------------
 # parse_record / InputRecord
@@ -96,7 +97,7 @@ def test_parse_record_rejects_with_reason(raw: Any, reason: str) -> None:
 
 
 def test_every_parse_reason_is_exercised() -> None:
-    parse_reasons = set(REASONS) - {"unknown_feature", "missing_feature", "wrong_dimension"}
+    parse_reasons = set(REASONS) - {"no_known_features", "wrong_dimension"}
     assert {reason for _, reason in BAD_RECORDS} == parse_reasons
 
 
@@ -180,12 +181,12 @@ def test_to_vector() -> None:
     np.testing.assert_array_equal(rec.to_vector(["a", "b"]), [1.0, 2.0])
     assert rec.to_vector(["a", "b"]).dtype == np.float64
     assert rec.dim == 2
+    # The declared schema decides: unknown names are ignored, missing ones are 0.
+    np.testing.assert_array_equal(rec.to_vector(["a"]), [1.0])
+    np.testing.assert_array_equal(rec.to_vector(["a", "b", "c"]), [1.0, 2.0, 0.0])
     with pytest.raises(RecordError) as info:
-        rec.to_vector(["a"])
-    assert info.value.reason == "unknown_feature"
-    with pytest.raises(RecordError) as info:
-        rec.to_vector(["a", "b", "c"])
-    assert info.value.reason == "missing_feature"
+        rec.to_vector(["c", "d"])
+    assert info.value.reason == "no_known_features"
     with pytest.raises(ValueError, match="feature_names"):
         rec.to_vector()
     listed = InputRecord(x=[1, 2, 3], y=0)
@@ -193,6 +194,13 @@ def test_to_vector() -> None:
     with pytest.raises(RecordError) as info:
         listed.to_vector(["a", "b"])
     assert info.value.reason == "wrong_dimension"
+
+
+def test_conform_features_counts_what_it_drops() -> None:
+    rec = parse_record(b'{"x": {"a": 1, "\\ud800": 2, "b": 3, "zz": 4}, "y": 1}')
+    x, unknown = conform_features(rec, ["b", "a", "c"])
+    assert x == {"a": 1.0, "b": 3.0} and unknown == 2
+    assert conform_features(InputRecord(x=[1, 2], y=1), ["a", "b"]) == ([1.0, 2.0], 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,12 +231,23 @@ def release(**overrides: Any) -> ReleaseMessage:
 
 def test_release_round_trip_and_weights_array() -> None:
     msg = release()
-    assert msg.schema_version == 1
+    assert msg.schema_version == 2
     data = msg.to_json()
     assert isinstance(data, bytes)
     assert ReleaseMessage.from_json(data) == msg
     assert set(json.loads(data)) == set(ReleaseMessage.model_fields)
     np.testing.assert_array_equal(msg.weights_array(), [0.1, -0.2, 0.3])
+    # The wire form: base64 of little-endian float64, decodable without this package.
+    wire = json.loads(data)
+    assert wire["dtype"] == "<f8" and wire["shape"] == [3]
+    import base64
+
+    decoded = np.frombuffer(base64.b64decode(wire["weights"]), dtype="<f8")
+    assert decoded.tolist() == [0.1, -0.2, 0.3], "exact to the bit"
+    # A version 1 message (weights as a JSON list) is still read, and converted.
+    v1 = {**wire, "schema_version": 1, "weights": [0.1, -0.2, 0.3]}
+    del v1["dtype"]
+    assert ReleaseMessage.from_json(json.dumps(v1)) == msg
 
     w = np.arange(6, dtype=float).reshape(2, 3)
     metric = ReleaseMessage.from_weights(
@@ -257,6 +276,10 @@ def test_release_defaults_time_to_now() -> None:
         {"shape": [-3]},
         {"weights": [0.1, math.nan, 0.3]},
         {"weights": [0.1, math.inf, 0.3]},
+        {"weights": "not base64!"},
+        {"weights": "AAAA"},  # 3 bytes: not 3 float64
+        {"weights": "AAAAAAAA+H8AAAAAAAAAAAAAAAAAAAAA"},  # NaN, encoded
+        {"dtype": "<f4"},
         {"step": -1},
         {"delta": 1.0},
         {"rho_spent": -0.1},
@@ -526,7 +549,11 @@ def test_kafka_settings_are_validated() -> None:
     )
     assert src._config["security_protocol"] == "SASL_SSL"
     assert src._config["enable_auto_commit"] is False
-    assert src._config["auto_offset_reset"] == "earliest"
+    # No silent offset reset: skipped records are found and reported by the source itself.
+    assert src._config["auto_offset_reset"] == "none"
+    assert src._config["isolation_level"] == "read_committed"
+    with pytest.raises(ValueError, match="manages"):
+        KafkaSource("t", "127.0.0.1:1", "g", consumer_config={"auto_offset_reset": "latest"})
     sink = KafkaSink("t", "127.0.0.1:1", ssl_cafile="/ca.pem")
     assert sink._config["enable_idempotence"] is True and sink._config["acks"] == "all"
 

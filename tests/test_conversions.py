@@ -128,11 +128,11 @@ def test_ledger_composition_matches_dp_accounting() -> None:
     # A ledger of Gaussian releases with various sensitivities and σ is composed by
     # dp-accounting as Gaussian events with noise multiplier σ/Δ (RDP α/(2(σ/Δ)²) = ρα).
     rng = np.random.default_rng(5)
-    acc = ZCDPAccountant(epsilon=4.0, delta=1e-6)
+    acc = ZCDPAccountant(delta=1e-6)
     theirs = rdp.RdpAccountant(ORDERS)
     for step in range(1, 41):
         sens, sigma = float(rng.uniform(0.05, 1.0)), float(rng.uniform(2.0, 20.0))
-        acc.charge(GaussianEvent(step=step, sensitivity=sens, sigma=sigma))
+        acc.compose(GaussianEvent(step=step, sensitivity=sens, sigma=sigma))
         theirs.compose(dp_accounting.GaussianDpEvent(sigma / sens))
     eps, delta = acc.spent()
     assert delta == 1e-6

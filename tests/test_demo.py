@@ -166,8 +166,9 @@ def test_choose_alpha_keeps_the_warmup_short():
     for n in (300, 537, 3000):
         alpha, why = choose_alpha(OnPairC, n, n**-0.25)
         assert "raised" in why
-        assert OnPairC(task="auc", alpha=alpha, horizon=n).T1 <= n / 4
-        assert OnPairC(task="auc", alpha=alpha * 0.98, horizon=n).T1 > n / 4  # smallest, ~2 %
+        assert OnPairC(task="auc", alpha=alpha, horizon=n, features=1).T1 <= n / 4
+        smaller = OnPairC(task="auc", alpha=alpha * 0.98, horizon=n, features=1)
+        assert smaller.T1 > n / 4  # smallest, ~2 %
     with pytest.raises(ValueError):
         choose_alpha(OnPairStrC, 20, 1.0)  # T1 >= 7 > 20/4
     assert release_every_for(35_169) == 50 and release_every_for(537) == 10
@@ -187,6 +188,7 @@ def test_demo_scores_equal_the_river_interface():
         release_every=10,
         smoothing_window=20,
         predict_with="smoothed",
+        features=data.feature_names,
     )
     for x, y in zip(data.X_stream, data.y_stream, strict=True):
         model.learn_one(x, bool(y))

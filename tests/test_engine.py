@@ -1,22 +1,30 @@
-"""The engine without Kafka: config validation, refusal to reset a ledger, crash and replay.
+"""The engine without Kafka: config, the commit cycle, crashes, state-directory safety, schema.
 
-The Kafka path is exercised against a real broker in tests/integration/test_engine_kafka.py.
+The Kafka path (transactions, fencing, partitions, outages) is exercised against a real broker
+in tests/integration/test_engine_kafka.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from connectors import CallbackSink, IterableSource
+from connectors import CallbackSink, IterableSource, ReleaseMessage
 from stream_dp.checkpoint import CheckpointCorrupt, load_checkpoint
 from stream_dp.cli import main as cli_main
 from stream_dp.engine import ConfigError, Engine, EngineConfig, EngineError, load_config
 from stream_dp.engine.cli import dry_run
+from stream_dp.engine.preflight import ReleaseTooLarge
+from stream_dp.engine.runner import StateError
+from stream_dp.engine.state import StateDir
+from stream_dp.online import OnPairStrC
+
+FEATURES = ["a", "b", "c"]
 
 
 def records(n: int, seed: int = 0) -> list[bytes]:
@@ -31,8 +39,15 @@ def records(n: int, seed: int = 0) -> list[bytes]:
 def config(tmp: Path, **model) -> EngineConfig:
     return EngineConfig.model_validate(
         {
-            "model": {"alpha": 1.0, "buffer": 16, "seed": 11, "reproducible": True, "model_id": "t",
-                      **model},
+            "model": {
+                "alpha": 1.0,
+                "buffer": 16,
+                "seed": 11,
+                "reproducible": True,
+                "model_id": "t",
+                "features": FEATURES,
+                **model,
+            },
             "source": {"kind": "jsonl", "path": str(tmp / "in.jsonl")},
             "releases": {"kind": "jsonl", "path": str(tmp / "rel.jsonl")},
             "dead_letters": {"kind": "jsonl", "path": str(tmp / "dead.jsonl")},
@@ -42,6 +57,10 @@ def config(tmp: Path, **model) -> EngineConfig:
     )
 
 
+def with_checkpoint(cfg: EngineConfig, **changes) -> EngineConfig:
+    return cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update=changes)})
+
+
 class Collect:
     def __init__(self):
         self.items: list[tuple[str | None, bytes]] = []
@@ -49,26 +68,63 @@ class Collect:
     def sink(self) -> CallbackSink:
         return CallbackSink(lambda k, v: self.items.append((k, v)))
 
+    def releases(self) -> list[dict]:
+        return [json.loads(v) for _, v in self.items]
+
 
 class Boom(RuntimeError):
     pass
 
 
 class CrashingSource(IterableSource):
-    """An in-memory source that dies (like a SIGKILL) after yielding ``crash_after`` records."""
+    """An in-memory source that dies (like a SIGKILL) before handing out record ``crash_at``."""
 
-    def __init__(self, items, crash_after: int):
+    def __init__(self, items, crash_at: int):
         super().__init__(items)
-        self.crash_after = crash_after
+        self.crash_at = crash_at
 
-    def __iter__(self):
-        for msg in super().__iter__():
-            if msg.position["line"] == self.crash_after:
-                raise Boom("simulated crash")
-            yield msg
+    def poll(self, max_records=500, timeout_s=0.0):
+        batch = super().poll(max_records=1, timeout_s=timeout_s)
+        if batch and batch[0].position["line"] == self.crash_at:
+            raise Boom("simulated crash")
+        return batch
 
 
-def test_toml_errors_name_the_field(tmp_path):
+class CrashingSink:
+    """A sink that dies (like a SIGKILL) at its ``crash_at``-th message, after taking some."""
+
+    def __init__(self, into: Collect, crash_at: int):
+        self.into, self.crash_at, self.n = into, crash_at, 0
+
+    def send(self, key, value):
+        self.n += 1
+        if self.n == self.crash_at:
+            raise Boom("simulated crash while publishing")
+        self.into.items.append((key, value))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def run(cfg, data, out: Collect, **kw) -> Engine:
+    engine = Engine(
+        cfg, source=IterableSource(data), releases=out.sink(), dead_letters=Collect().sink(), **kw
+    )
+    engine.run()
+    return engine
+
+
+def without_wall_clock(release: dict) -> dict:
+    return {k: v for k, v in release.items() if k not in ("time", "run_id")}
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def test_toml_errors_name_the_field(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text(
         '[model]\nepsilon = -1\nbufer = 3\n[source]\nkind = "kafka"\n'
@@ -79,7 +135,10 @@ def test_toml_errors_name_the_field(tmp_path):
         load_config(bad)
     text = str(err.value)
     assert "model.epsilon" in text and "model.bufer" in text and "source" in text
+    capsys.readouterr()
     assert cli_main(["run", "--config", str(bad)]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and "model.epsilon" in stderr, "one line, naming the field"
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.toml")
     (tmp_path / "broken.toml").write_text("[model\n")
@@ -87,11 +146,52 @@ def test_toml_errors_name_the_field(tmp_path):
         load_config(tmp_path / "broken.toml")
 
 
+def test_the_engine_refuses_to_start_without_a_declared_schema(tmp_path, capsys):
+    path = tmp_path / "engine.toml"
+    path.write_text(
+        '[model]\nalpha = 1.0\n[source]\nkind = "jsonl"\npath = "in.jsonl"\n'
+        '[releases]\nkind = "stdout"\n[dead_letters]\nkind = "stdout"\n'
+        '[checkpoint]\npath = "state/m.ckpt"\n'
+    )
+    assert cli_main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.features is required" in err
+    assert not (tmp_path / "state").exists(), "nothing is created before the config is valid"
+    for bad in ([], ["a", "a"], [""], ["ok", "\ud800"]):
+        with pytest.raises(ValueError, match="feature"):
+            config(tmp_path, features=bad)
+
+
+def test_relative_paths_follow_the_config_file(tmp_path):
+    (tmp_path / "cfg").mkdir()
+    path = tmp_path / "cfg" / "engine.toml"
+    path.write_text(
+        '[model]\nfeatures = ["a"]\n[source]\nkind = "jsonl"\npath = "in.jsonl"\n'
+        '[releases]\nkind = "jsonl"\npath = "out/rel.jsonl"\n[dead_letters]\nkind = "stdout"\n'
+        '[checkpoint]\npath = "state/m.ckpt"\n[status]\nfile = "/abs/status.json"\n'
+    )
+    cfg = load_config(path)
+    assert cfg.checkpoint.path == str(tmp_path / "cfg" / "state" / "m.ckpt")
+    assert cfg.source.path == str(tmp_path / "cfg" / "in.jsonl")
+    assert cfg.releases.path == str(tmp_path / "cfg" / "out" / "rel.jsonl")
+    assert cfg.status.file == "/abs/status.json"
+
+
+def test_a_fixed_seed_needs_the_run_declared_non_private(tmp_path):
+    with pytest.raises(ValueError, match="reproducible"):
+        config(tmp_path, reproducible=False)
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
+    Engine(config(tmp_path)).run()
+    rel = [json.loads(line) for line in (tmp_path / "rel.jsonl").read_text().splitlines()]
+    assert rel and all(r["private"] is False for r in rel)
+    assert "NOT PRIVATE" in dry_run(config(tmp_path))
+
+
 def test_non_private_learner_cannot_be_run(tmp_path):
     with pytest.raises(Exception, match="algorithm"):
         EngineConfig.model_validate(
             {
-                "model": {"algorithm": "PairwiseGIGA"},
+                "model": {"algorithm": "PairwiseGIGA", "features": ["a"]},
                 "source": {"kind": "jsonl", "path": "x"},
                 "releases": {"kind": "stdout"},
                 "dead_letters": {"kind": "stdout"},
@@ -100,12 +200,69 @@ def test_non_private_learner_cannot_be_run(tmp_path):
         )
 
 
-def test_dry_run_prints_plan(tmp_path, capsys):
+def test_dry_run_prints_plan(tmp_path):
     cfg = config(tmp_path, horizon=5000)
     text = dry_run(cfg)
     learner_t1 = Engine(cfg).learner.T1
     assert f"T1={learner_t1}" in text and "σ per coord" in text and "ρ budget" in text
     assert "5000" in text  # the last step of the horizon is planned too
+    assert "release message: at most" in text and "no size limit" in text
+
+
+def _kafka_release_config(tmp: Path, d: int, **sink) -> EngineConfig:
+    names = [f"f{i}" for i in range(d)]
+    return EngineConfig.model_validate(
+        {
+            "model": {"task": "metric", "alpha": 1.0, "features": names, "model_id": "big"},
+            "source": {"kind": "jsonl", "path": str(tmp / "in.jsonl")},
+            "releases": {"kind": "kafka", "topic": "r", "bootstrap_servers": "h:1", **sink},
+            "dead_letters": {"kind": "stdout"},
+            "checkpoint": {"path": str(tmp / "m.ckpt")},
+        }
+    )
+
+
+def test_release_size_is_checked_against_the_release_topic_limit(tmp_path, capsys):
+    # d = 240: the compact encoding keeps a metric release under Kafka's 1 MiB default.
+    text = dry_run(_kafka_release_config(tmp_path, 240))
+    assert "release message: at most 616," in text and "accepts 1,048,576" in text
+    # d = 400 does not fit: refused before any record, naming the size and the limit.
+    too_big = r"takes up to 1,7\d\d,\d{3} bytes .* accepts 1,048,576"
+    with pytest.raises(ReleaseTooLarge, match=too_big):
+        dry_run(_kafka_release_config(tmp_path, 400))
+    toml = tmp_path / "big.toml"
+    names = ", ".join(f'"f{i}"' for i in range(400))
+    toml.write_text(
+        f'[model]\ntask = "metric"\nalpha = 1.0\nfeatures = [{names}]\n'
+        '[source]\nkind = "jsonl"\npath = "in.jsonl"\n'
+        '[releases]\nkind = "kafka"\ntopic = "r"\nbootstrap_servers = "127.0.0.1:1"\n'
+        '[dead_letters]\nkind = "stdout"\n[checkpoint]\npath = "state/m.ckpt"\n'
+    )
+    capsys.readouterr()
+    for extra in (["--dry-run"], []):
+        assert cli_main(["run", "--config", str(toml), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "releases.max_request_size" in err
+    # A bigger producer limit admits it.
+    assert "accepts 4,194,304" in dry_run(
+        _kafka_release_config(tmp_path, 400, max_request_size=4 * 1024 * 1024)
+    )
+
+
+def test_the_size_bound_holds_for_real_releases(tmp_path):
+    from connectors.schema import release_message_bytes
+
+    data = records(60, seed=5)
+    out = Collect()
+    engine = run(config(tmp_path, task="metric", model_id="m" * 30), data, out)
+    bound = release_message_bytes("metric", FEATURES, "m" * 30, "OnPairStrC")
+    sizes = [len(v) for _, v in out.items]
+    assert sizes and max(sizes) <= bound < max(sizes) + 300
+    last = ReleaseMessage.from_json(out.items[-1][1])
+    assert np.array_equal(last.weights_array(), engine.learner.private_weights)
+
+
+# -- the commit cycle and crashes -------------------------------------------------------------
 
 
 def test_run_learns_valid_and_dead_letters_bad(tmp_path):
@@ -120,53 +277,109 @@ def test_run_learns_valid_and_dead_letters_bad(tmp_path):
     assert [d["reason"] for d in dead] == ["invalid_json", "missing_label", "non_finite"]
     releases = [json.loads(line) for line in (tmp_path / "rel.jsonl").read_text().splitlines()]
     assert [r["step"] for r in releases] == list(range(1, 41))
-    assert oct(os.stat(tmp_path / "state" / "m.ckpt").st_mode & 0o777) == "0o600"
+    state = tmp_path / "state"
+    assert oct(state.stat().st_mode & 0o777) == "0o700"
+    for f in ("m.ckpt", "m.ckpt.created", "m.ckpt.published", "m.ckpt.lock"):
+        assert oct((state / f).stat().st_mode & 0o777) == "0o600", f
+    for f in (tmp_path / "status.json", tmp_path / "dead.jsonl"):
+        assert oct(f.stat().st_mode & 0o777) == "0o600", f
 
 
-def test_crash_and_replay_gives_identical_releases(tmp_path):
+def test_unknown_features_are_ignored_and_counted_missing_ones_are_zero(tmp_path):
+    rows = [
+        {"x": {"a": 0.5, "b": -0.2, "c": 0.1, "zz": 3.0}, "y": 1},
+        {"x": {"a": -0.4, "\ud800": 1.0}, "y": 0},  # lone surrogate: unknown, so ignored
+        {"x": {"\ud800": 1.0}, "y": 1},  # no declared feature at all: dead-lettered
+        {"x": {f"g{i}": 0.0 for i in range(40_000)} | {"a": 0.3}, "y": 1},
+        {"x": {f"g{i}": 0.0 for i in range(40_000)}, "y": 0},
+    ]
+    data = [json.dumps(r).encode() for r in rows] + records(20)
+    out, dead = Collect(), Collect()
+    engine = Engine(config(tmp_path), source=IterableSource(data), releases=out.sink(),
+                    dead_letters=dead.sink())  # fmt: skip
+    engine.run()
+    assert engine.learner.step == 23
+    assert engine.learner.feature_names == tuple(FEATURES), "the schema never changes"
+    assert engine.stats.unknown_features == 1 + 1 + 40_000
+    assert engine.stats.records_with_unknown_features == 3
+    assert [json.loads(v)["reason"] for _, v in dead.items] == ["no_known_features"] * 2
+    assert all(ReleaseMessage.from_json(v).feature_names == FEATURES for _, v in out.items)
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["unknown_features"] == 40_002
+
+
+def test_a_poison_first_record_never_stops_the_engine(tmp_path):
+    """The records that crash-looped the engine: a lone-surrogate name, 40,000 features."""
+    for i, first in enumerate(
+        [
+            b'{"x": {"\\ud800": 1.0}, "y": 1}',
+            json.dumps({"x": {f"f{i}": 1.0 for i in range(40_000)}, "y": 1}).encode(),
+            b'{"x": {"a": 1.0, "b\\ud800": 2.0}, "y": 1}',
+        ]
+    ):
+        tmp = tmp_path / str(i)
+        tmp.mkdir()
+        (tmp / "in.jsonl").write_bytes(b"\n".join([first, *records(15)]) + b"\n")
+        engine = Engine(config(tmp))
+        stats = engine.run()
+        assert stats.learned == 15 + (i == 2)
+        rel = [json.loads(v) for v in (tmp / "rel.jsonl").read_text().splitlines()]
+        assert len(rel) == stats.learned and rel[-1]["feature_names"] == FEATURES
+        assert Engine(config(tmp)).run().learned == stats.learned, "and it restarts"
+
+
+def test_crash_and_replay_publishes_each_release_once(tmp_path):
+    """Crashes while learning: each restart replays from the checkpoint, publishing nothing
+    that the crashed process had not checkpointed, so the release stream equals an
+    uninterrupted run's, release for release."""
     data = records(120, seed=3)
     reference = Collect()
-    cfg = config(tmp_path / "ref")
     (tmp_path / "ref").mkdir()
-    Engine(cfg, source=IterableSource(data), releases=reference.sink(),
-           dead_letters=Collect().sink()).run()  # fmt: skip
+    run(config(tmp_path / "ref"), data, reference)
 
     cfg = config(tmp_path)
     out = Collect()
-    for crash_after in (25, 50, 90):  # each restart replays from the last checkpoint
+    for crash_at in (25, 50, 90):  # each restart replays from the last checkpoint
         with pytest.raises(Boom):
-            Engine(
-                cfg,
-                source=CrashingSource(data, crash_after),
-                releases=out.sink(),
-                dead_letters=Collect().sink(),
-            ).run()
-    engine = Engine(cfg, source=IterableSource(data), releases=out.sink(),
-                    dead_letters=Collect().sink())  # fmt: skip
-    engine.run()
+            Engine(cfg, source=CrashingSource(data, crash_at), releases=out.sink(),
+                   dead_letters=Collect().sink()).run()  # fmt: skip
+    engine = run(cfg, data, out)
     assert engine.learner.step == 120
-
-    def by_step(items):
-        d: dict[int, dict] = {}
-        for _, v in items:
-            r = json.loads(v)
-            r.pop("time")
-            if r["step"] in d:
-                assert d[r["step"]] == r, f"step {r['step']} released twice, differently"
-            d[r["step"]] = r
-        return d
-
-    ref, got = by_step(reference.items), by_step(out.items)
-    assert got == ref, "after three crashes the release stream must equal an uninterrupted run"
-    assert len(out.items) > len(reference.items)  # replays happened (identically)
+    got = [without_wall_clock(r) for r in out.releases()]
+    ref = [without_wall_clock(r) for r in reference.releases()]
+    assert got == ref, "after three crashes the release stream equals an uninterrupted run's"
 
 
-def test_never_starts_fresh_silently(tmp_path):
+def test_a_crash_while_publishing_republishes_the_same_bytes(tmp_path):
+    """Killed between the checkpoint and the end of its publication: the restart publishes the
+    checkpointed messages again, byte for byte (wall clock included), and nothing else twice."""
+    data = records(100, seed=8)
+    cfg = config(tmp_path)
+    out = Collect()
+    with pytest.raises(Boom):
+        Engine(cfg, source=IterableSource(data), releases=CrashingSink(out, crash_at=40),
+               dead_letters=Collect().sink()).run()  # fmt: skip
+    published_before = list(out.items)
+    run(cfg, data, out)
+    by_step: dict[int, bytes] = {}
+    repeats = 0
+    for _, value in out.items:
+        step = json.loads(value)["step"]
+        if step in by_step:
+            assert by_step[step] == value, f"step {step} published twice, differently"
+            repeats += 1
+        by_step[step] = value
+    assert sorted(by_step) == list(range(1, 101))
+    assert 0 < repeats < 7, "only the interrupted cycle is published again"
+    assert len(published_before) == 39
+
+
+def test_never_starts_fresh_silently(tmp_path, capsys):
     (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
     cfg = config(tmp_path)
     Engine(cfg).run()
     ckpt = Path(cfg.checkpoint.path)
-    spent = load_checkpoint(ckpt).learner_state["accountant"]
+    spent = OnPairStrC.ledger_state(load_checkpoint(ckpt).learner_state)
 
     # A corrupted checkpoint is an error, not a fresh start.
     blob = bytearray(ckpt.read_bytes())
@@ -179,12 +392,95 @@ def test_never_starts_fresh_silently(tmp_path):
     ckpt.unlink()
     with pytest.raises(EngineError, match="--fresh"):
         Engine(cfg).run()
+    capsys.readouterr()
     assert cli_main(["run", "--config", str(_toml(tmp_path, cfg))]) == 3
+    assert capsys.readouterr().err.count("\n") == 1
 
-    # --fresh starts a new ledger explicitly.
+    # (Losing the whole directory is caught by Kafka's records: tests/integration.)
+    # --fresh starts a new ledger explicitly, keeping the old run's files aside.
     engine = Engine(cfg, fresh=True)
     engine.run()
     assert engine.learner.step == 20 and spent is not None
+    assert list(ckpt.parent.glob("m.ckpt.created.abandoned-*"))
+
+
+def test_a_kill_during_the_first_checkpoint_leaves_a_state_that_starts(tmp_path, monkeypatch):
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
+    cfg = config(tmp_path)
+    state = StateDir(cfg.checkpoint.path)
+
+    def killed(path, *args, **kwargs):  # what a SIGKILL in the middle of the write leaves
+        Path(path).parent.joinpath(f".{Path(path).name}.x1y2z3.tmp").write_bytes(b"STREAMDP")
+        raise Boom("killed during the first checkpoint")
+
+    monkeypatch.setattr("stream_dp.engine.commit.save_checkpoint", killed)
+    with pytest.raises(Boom):
+        Engine(cfg).run()
+    assert not state.marker.exists(), "no run marker without its checkpoint"
+    monkeypatch.undo()
+    stats = Engine(cfg).run()  # no --fresh needed
+    assert stats.learned == 20
+    assert not list(state.dir.glob(".*.tmp")), "leftovers of interrupted writes are removed"
+
+
+def test_a_checkpoint_from_another_run_is_refused(tmp_path):
+    data = records(30)
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        run(config(tmp_path / name), data, Collect())
+    one, two = (Path(config(tmp_path / n).checkpoint.path) for n in ("one", "two"))
+    shutil.copy(two, one)
+    with pytest.raises(StateError, match="another run"):
+        run(config(tmp_path / "one"), data, Collect())
+
+
+def test_a_checkpoint_older_than_what_was_published_is_refused(tmp_path):
+    """Restoring a backup would re-learn published steps in another order: refused."""
+    data = records(60)
+    cfg = config(tmp_path)
+    run(cfg, data, Collect(), max_records=20)
+    backup = tmp_path / "backup.ckpt"
+    shutil.copy(cfg.checkpoint.path, backup)
+    run(cfg, data, Collect())
+    shutil.copy(backup, cfg.checkpoint.path)
+    with pytest.raises(StateError, match="older than what consumers have seen"):
+        run(cfg, data, Collect())
+
+
+def test_a_second_engine_on_the_same_state_directory_is_refused(tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
+    cfg = config(tmp_path)
+    holder = StateDir(cfg.checkpoint.path)
+    holder.acquire()
+    try:
+        with pytest.raises(StateError, match="in use by another stream-dp engine"):
+            Engine(cfg).run()
+        capsys.readouterr()
+        assert cli_main(["run", "--config", str(_toml(tmp_path, cfg))]) == 3
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"pid {os.getpid()}" in err
+    finally:
+        holder.release()
+    assert Engine(cfg).run().learned == 20
+
+
+def test_state_errors_are_one_line_with_exit_code_3(tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
+    cfg = with_checkpoint(config(tmp_path), ledger_journal=True)
+    Engine(cfg).run()
+    journal = StateDir(cfg.checkpoint.path).journal
+    journal.write_bytes(journal.read_bytes()[:-1] if journal.stat().st_size else b"junk")
+    capsys.readouterr()
+    toml = _toml(tmp_path, cfg)
+    assert cli_main(["run", "--config", str(toml)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    # An unusable state directory (a file where the directory should be).
+    blocked = config(tmp_path / "x").model_copy()
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "state").write_text("not a directory")
+    with pytest.raises(StateError, match="cannot use state directory"):
+        Engine(blocked).run()
 
 
 def _toml(tmp: Path, cfg: EngineConfig) -> Path:
@@ -207,17 +503,37 @@ def test_stop_checkpoints_and_resumes(tmp_path):
     data = records(60)
     cfg = config(tmp_path)
     out = Collect()
-    engine = Engine(cfg, source=IterableSource(data), releases=out.sink(),
-                    dead_letters=Collect().sink(), max_records=33)  # fmt: skip
-    engine.run()
+    run(cfg, data, out, max_records=33)
     ck = load_checkpoint(cfg.checkpoint.path)
     assert ck.learner_state["t"] == 33 and ck.positions == {"line": 33}
-    engine = Engine(cfg, source=IterableSource(data), releases=out.sink(),
-                    dead_letters=Collect().sink())  # fmt: skip
-    engine.run()
-    assert engine.learner.step == 60
+    run(cfg, data, out)
     steps = [json.loads(v)["step"] for _, v in out.items]
     assert steps == list(range(1, 61)), "a clean stop/resume neither repeats nor skips"
+
+
+def test_status_carries_no_raw_statistics_unless_asked(tmp_path):
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(50)) + b"\n")
+    cfg = config(tmp_path)
+    engine = Engine(cfg)
+    engine.run()
+    text = (tmp_path / "status.json").read_text()
+    status = json.loads(text)
+    penalty = engine.learner.regret.average_penalty
+    assert "penalty" not in text and repr(penalty) not in text
+    assert status["dp_metrics"] == {} and status["step"] == 50
+    assert status["idle_since"] is None and status["broker_unreachable_since"] is None
+    raw = tmp_path / "operator" / "raw.json"
+    cfg2 = config(tmp_path / "b")
+    cfg2 = cfg2.model_copy(
+        update={"status": cfg2.status.model_copy(update={"operator_raw_metrics": str(raw)})}
+    )
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "in.jsonl", tmp_path / "b" / "in.jsonl")
+    engine = Engine(cfg2)
+    engine.run()
+    got = json.loads(raw.read_text())
+    assert got["average_penalty"] == engine.learner.regret.average_penalty
+    assert got["private"] is False and oct(raw.stat().st_mode & 0o777) == "0o600"
 
 
 def test_ledger_journal_survives_crashes_and_refuses_a_lost_journal(tmp_path, monkeypatch):
@@ -228,29 +544,22 @@ def test_ledger_journal_survives_crashes_and_refuses_a_lost_journal(tmp_path, mo
     """
     from stream_dp.privacy.accountant import JournalError
 
-    monkeypatch.setattr("stream_dp.privacy.accountant.CHUNK", 4)
+    monkeypatch.setattr("stream_dp.privacy.ledger.CHUNK", 4)
     data = records(120, seed=4)
     (tmp_path / "ref").mkdir()
-    reference = Engine(config(tmp_path / "ref"), source=IterableSource(data),
-                       releases=Collect().sink(), dead_letters=Collect().sink())  # fmt: skip
-    reference.run()
+    reference = run(config(tmp_path / "ref"), data, Collect())
 
-    cfg = config(tmp_path).model_copy(
-        update={"checkpoint": config(tmp_path).checkpoint.model_copy(
-            update={"ledger_journal": True})}
-    )  # fmt: skip
-    for crash_after in (25, 50, 90):
+    cfg = with_checkpoint(config(tmp_path), ledger_journal=True)
+    for crash_at in (25, 50, 90):
         with pytest.raises(Boom):
-            Engine(cfg, source=CrashingSource(data, crash_after), releases=Collect().sink(),
+            Engine(cfg, source=CrashingSource(data, crash_at), releases=Collect().sink(),
                    dead_letters=Collect().sink()).run()  # fmt: skip
-    engine = Engine(cfg, source=IterableSource(data), releases=Collect().sink(),
-                    dead_letters=Collect().sink())  # fmt: skip
-    engine.run()
+    engine = run(cfg, data, Collect())
     acc = engine.learner.accountant
     assert acc.ledger == reference.learner.accountant.ledger
     assert acc.rho_spent() == reference.learner.accountant.rho_spent()
-    assert len(acc.journal) == len(acc) // 4 >= 8
-    stored = load_checkpoint(Path(cfg.checkpoint.path)).learner_state["accountant"]
+    assert len(acc.storage.journal) == len(acc) // 4 >= 8
+    stored = OnPairStrC.ledger_state(load_checkpoint(Path(cfg.checkpoint.path)).learner_state)
     assert stored["kind"] == "journal:zcdp" and stored["journal"]["path"] == "m.ckpt.ledger"
     assert len(stored["columns"]["step"]) < 4  # the open chunk only
 
@@ -258,10 +567,70 @@ def test_ledger_journal_survives_crashes_and_refuses_a_lost_journal(tmp_path, mo
     blob = journal.read_bytes()
     journal.write_bytes(blob[:-1])  # a lost byte: charges the checkpoint counts are gone
     with pytest.raises(JournalError):
-        Engine(cfg, source=IterableSource(data), releases=Collect().sink(),
-               dead_letters=Collect().sink()).run()  # fmt: skip
-    fresh = Engine(cfg, fresh=True, source=IterableSource(data), releases=Collect().sink(),
-                   dead_letters=Collect().sink())  # fmt: skip
-    fresh.run()  # --fresh keeps the old journal aside and starts a new one
+        run(cfg, data, Collect())
+    fresh = run(cfg, data, Collect(), fresh=True)  # keeps the old journal aside, starts anew
     assert list(journal.parent.glob("m.ckpt.ledger.abandoned-*"))
     assert fresh.learner.accountant.ledger == reference.learner.accountant.ledger
+
+
+def test_bad_state_files_are_clear_errors(tmp_path):
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
+    cfg = config(tmp_path)
+    Engine(cfg).run()
+    state = StateDir(cfg.checkpoint.path)
+    state.lock_path.write_bytes(b"\x00garbage")  # a lock file's content is only informative
+    state.published_path.write_text("not a record")  # unreadable: the cycle is published again
+    assert Engine(cfg).run().learned == 20
+    state.marker.write_text("{not json")
+    with pytest.raises(StateError, match="cannot read the run marker"):
+        Engine(cfg).run()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_produce_and_watch_errors_are_one_line(capsys):
+    import time
+
+    closed = f"127.0.0.1:{_closed_port()}"
+    cases = [
+        (["produce", "--bootstrap", closed, "--dataset", "nope"], 2, "--dataset"),
+        (["produce", "--bootstrap", closed, "--max-records", "5"], 4, "cannot reach Kafka"),
+        (["watch", "--bootstrap", closed], 4, "cannot reach Kafka"),
+        (["watch", "--bootstrap", closed, "--dataset", "nope"], 2, "unknown dataset"),
+    ]
+    for argv, code, text in cases:
+        capsys.readouterr()
+        start = time.monotonic()
+        assert cli_main(argv) == code, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and text in err and "Traceback" not in err, (argv, err)
+        assert time.monotonic() - start < 60
+    # --debug: the traceback, for bug reports.
+    with pytest.raises(ValueError, match="unknown dataset"):
+        cli_main(["produce", "--bootstrap", closed, "--dataset", "nope", "--debug"])
+
+
+def test_kafka_client_chatter_is_rate_limited():
+    import logging
+
+    from stream_dp.engine.cli import _KafkaChatter
+
+    chatter = _KafkaChatter(every=60.0)
+
+    def record(name: str, msg: str, at: float) -> logging.LogRecord:
+        r = logging.LogRecord(name, logging.ERROR, __file__, 1, msg, None, None)
+        r.created = at
+        return r
+
+    passed = [
+        chatter.filter(record("kafka.net.manager", "Connection failed", t)) for t in (0, 1, 30, 61)
+    ]
+    assert passed == [True, False, False, True]
+    assert chatter.filter(record("stream_dp.engine", "ours", 2))
+    assert not chatter.filter(record("kafka.producer", "ProducerFencedError", 500))

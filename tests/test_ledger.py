@@ -24,6 +24,13 @@ from stream_dp.privacy.accountant import (
     ZCDPAccountant,
     accountant_from_dict,
 )
+from stream_dp.privacy.budget import (
+    BudgetExhausted,
+    approx_budget,
+    budget_from_dict,
+    budget_or_slice_from_dict,
+    zcdp_budget,
+)
 
 N = 2 * CHUNK + 777  # two sealed chunks and an open one
 
@@ -74,53 +81,58 @@ def _zcdp_events(rng, n=N, strides=(1,), two_mechs_every=0):
 def test_chunked_zcdp_ledger_is_the_list_of_its_events(strides, two) -> None:
     rng = np.random.default_rng(len(strides) + two)
     events = _zcdp_events(rng, strides=strides, two_mechs_every=two)
-    acc = ZCDPAccountant(1e6, 1e-5)
+    acc = ZCDPAccountant(1e-5)
     for e in events:
         if isinstance(e, GaussianEvent):
-            acc.charge_gaussian(e.step, e.sensitivity, e.sigma)
+            acc.compose_gaussian(e.step, e.sensitivity, e.sigma)
         else:
-            acc.charge(e)
-    assert len(acc) == len(events) and len(acc._store) == len(events) // CHUNK
+            acc.compose(e)
+    assert len(acc) == len(events) and len(acc.storage._store) == len(events) // CHUNK
     assert acc.ledger == tuple(events)
     assert acc.rho_spent() == math.fsum(e.rho for e in events) and acc.verify()
-    _assert_columns_equal(acc._columns(), _old_columns(events))
+    _assert_columns_equal(acc.storage.columns(), _old_columns(events))
     restored = accountant_from_dict(acc.to_dict())
     assert restored.ledger == acc.ledger and restored._partials == acc._partials
     assert restored.rho_spent() == acc.rho_spent() and restored.spent() == acc.spent()
 
 
 def test_a_gaussian_charge_costs_16_bytes_once_sealed() -> None:
-    acc = ZCDPAccountant(1e6, 1e-5)
+    acc = ZCDPAccountant(1e-5)
     for t in range(1, 4 * CHUNK + 1):
-        acc.charge_gaussian(t, 0.01, 2.0)
+        acc.compose_gaussian(t, 0.01, 2.0)
     assert acc.nbytes() <= 4 * CHUNK * 16 + 4 * 64  # one step run and one mechanism run each
-    for chunk in acc._store:  # exact-size arrays of their own, never views of a larger buffer
+    for (
+        chunk
+    ) in acc.storage._store:  # exact-size arrays of their own, never views of a larger buffer
         assert chunk.sens.base is None and chunk.sens.shape == (CHUNK,)
         assert chunk.steps_enc.shape == (1, 3)
 
 
 def test_replays_are_found_across_chunk_boundaries() -> None:
     """A step whose charges straddle a seal is found in both chunks; replays are free."""
-    acc = ZCDPAccountant(1e6, 1e-5)
+    acc = ZCDPAccountant(1e-5)
     for t in range(1, CHUNK):  # CHUNK - 1 charges, then a step with two mechanisms
-        acc.charge_gaussian(t, 0.01, 2.0)
+        acc.compose_gaussian(t, 0.01, 2.0)
     g = GaussianEvent(CHUNK, 0.02, 3.0)
     lap = LaplaceEvent(CHUNK, 0.001, 4.0)
-    acc.charge(g)  # seals the first chunk
-    acc.charge(lap)  # the first charge of the open chunk, same step
-    assert len(acc._store) == 1 and acc._store[0].last == CHUNK == acc._steps[0]
+    acc.compose(g)  # seals the first chunk
+    acc.compose(lap)  # the first charge of the open chunk, same step
+    assert (
+        len(acc.storage._store) == 1
+        and acc.storage._store[0].last == CHUNK == acc.storage._steps[0]
+    )
     assert acc.charged(CHUNK, "gaussian") == g and acc.charged(CHUNK, "laplace") == lap
     assert acc.charged(CHUNK, "gaussian-approx") is None
     before = (len(acc), acc.rho_spent())
-    assert acc.charge(g) == g and acc.charge(lap) == lap  # identical replays cost nothing
-    acc.charge_gaussian(5, 0.01, 2.0)  # an old step in a sealed chunk, replayed identically
+    assert acc.compose(g) == g and acc.compose(lap) == lap  # identical replays cost nothing
+    acc.compose_gaussian(5, 0.01, 2.0)  # an old step in a sealed chunk, replayed identically
     assert (len(acc), acc.rho_spent()) == before
     with pytest.raises(DoubleCharge):
-        acc.charge_gaussian(5, 0.01, 2.5)
+        acc.compose_gaussian(5, 0.01, 2.5)
     with pytest.raises(DoubleCharge):
-        acc.charge(LaplaceEvent(CHUNK, 0.002, 4.0))
+        acc.compose(LaplaceEvent(CHUNK, 0.002, 4.0))
     with pytest.raises(ValueError, match="step order"):
-        acc.charge(LaplaceEvent(7, 0.001, 4.0))  # an old step never charged with Laplace
+        acc.compose(LaplaceEvent(7, 0.001, 4.0))  # an old step never charged with Laplace
     assert (len(acc), acc.rho_spent()) == before
     restored = accountant_from_dict(acc.to_dict())
     assert restored.charged(CHUNK, "laplace") == lap and restored.charged(5, "gaussian")
@@ -128,28 +140,30 @@ def test_replays_are_found_across_chunk_boundaries() -> None:
 
 def test_pure_and_approx_ledgers_across_chunks() -> None:
     rng = np.random.default_rng(3)
-    pure, ref = PureDPAccountant(1e9), []
+    pure, ref = PureDPAccountant(), []
     for t in range(1, N):
         e = LaplaceEvent(t, float(rng.uniform(0, 1)), float(rng.uniform(1, 3)))
-        pure.charge(e)
+        pure.compose(e)
         ref.append(e)
     assert pure.ledger == tuple(ref) and pure.verify()
     assert pure.spent() == (math.fsum(e.epsilon for e in ref), 0.0)
-    _assert_columns_equal(pure._columns(), _old_columns(ref))
+    _assert_columns_equal(pure.storage.columns(), _old_columns(ref))
     assert accountant_from_dict(pure.to_dict()).ledger == pure.ledger
 
-    approx, ref = ApproxDPAccountant(1e9, 0.5), []
+    approx, ref = ApproxDPAccountant(), []
     for t in range(1, N):
         e = ApproxDPEvent(t, 1.0, 2.0, float(rng.uniform(0, 1)), float(rng.uniform(0, 1e-5)))
-        approx.charge(e)
+        approx.compose(e)
         ref.append(e)
     assert approx.ledger == tuple(ref) and approx.verify()
     assert approx.spent() == (math.fsum(e.epsilon for e in ref), math.fsum(e.delta for e in ref))
-    _assert_columns_equal(approx._columns(), _old_columns(ref))
+    _assert_columns_equal(approx.storage.columns(), _old_columns(ref))
     restored = accountant_from_dict(approx.to_dict())
     assert restored.ledger == approx.ledger and restored.spent() == approx.spent()
-    with pytest.raises(Exception, match="δ budget"):
-        approx.charge(ApproxDPEvent(N, 1.0, 2.0, 0.1, 0.5))
+    budget = approx_budget(1e9, 0.5)
+    budget.accountant = approx
+    with pytest.raises(BudgetExhausted, match="δ budget"):
+        budget.charge(ApproxDPEvent(N, 1.0, 2.0, 0.1, 0.5))
 
 
 def test_old_format_dicts_still_load() -> None:
@@ -173,7 +187,7 @@ def test_a_checkpoint_written_before_chunks_still_loads() -> None:
 
     ckpt = load_checkpoint(Path(__file__).parent / "data" / "ledger-pre-chunks.ckpt")
     stored = ckpt.learner_state["accountant"]
-    acc = accountant_from_dict(stored)
+    acc = accountant_from_dict(stored)  # the pre-chunk form: its budget fields are ignored here
     assert len(acc) == ckpt.meta["n"] == 306 and acc.verify()
     assert acc.rho_spent() == ckpt.meta["rho_spent"] and acc._partials == ckpt.meta["partials"]
     assert sum(e.step for e in acc.ledger) == ckpt.meta["steps_sum"]
@@ -185,7 +199,7 @@ def test_a_checkpoint_written_before_chunks_still_loads() -> None:
     [
         (lambda c: c["step"].__setitem__(5, 1), "step order"),
         (lambda c: c["step"].__setitem__(6, c["step"][5]), "twice"),
-        (lambda c: c["mechanism"].__setitem__(3, 2), "cannot hold"),
+        (lambda c: c["mechanism"].__setitem__(3, 2), "cannot compose"),
         (lambda c: c["sensitivity"].__setitem__(3, -1.0), "invalid"),
         (lambda c: c["scale"].__setitem__(3, np.nan), "invalid"),
     ],
@@ -235,36 +249,36 @@ def test_a_damaged_chunk_record_is_refused() -> None:
 
 
 def _journaled(tmp_path, n=N, name="m.ledger", seed=7):
-    acc = ZCDPAccountant(1e6, 1e-5)
-    acc.open_journal(tmp_path / name)
+    acc = ZCDPAccountant(1e-5)
+    acc.storage.open_journal(tmp_path / name)
     events = _zcdp_events(np.random.default_rng(seed), n=n, strides=(1, 1, 3), two_mechs_every=97)
     for e in events:
-        acc.charge(e)
+        acc.compose(e)
     return acc, events
 
 
 def test_a_journaled_ledger_keeps_one_chunk_in_memory_and_reads_the_rest(tmp_path) -> None:
     acc, events = _journaled(tmp_path)
-    assert len(acc.journal) == len(events) // CHUNK >= 2
+    assert len(acc.storage.journal) == len(events) // CHUNK >= 2
     assert acc.nbytes() < (CHUNK + 1) * 26  # the open chunk and the index
     assert acc.ledger == tuple(events) and acc.verify()
     assert acc.charged(events[3].step, "gaussian") == events[3]
-    _assert_columns_equal(acc._columns(), _old_columns(events))
+    _assert_columns_equal(acc.storage.columns(), _old_columns(events))
     state = acc.to_dict()
     assert state["kind"] == "journal:zcdp" and len(state["columns"]["step"]) < CHUNK
     assert os.stat(tmp_path / "m.ledger").st_mode & 0o777 == 0o600
-    acc.close()
+    acc.storage.close()
     restored = accountant_from_dict(state)
     assert restored.ledger == tuple(events) and restored._partials == acc._partials
     # It goes on where it stopped, sealing into the same journal.
-    more = ZCDPAccountant(1e6, 1e-5)
+    more = ZCDPAccountant(1e-5)
     for e in events:
-        more.charge(e)
+        more.compose(e)
     for t in range(events[-1].step + 1, events[-1].step + CHUNK + 1):
-        restored.charge_gaussian(t, 0.01, 2.0)
-        more.charge_gaussian(t, 0.01, 2.0)
+        restored.compose_gaussian(t, 0.01, 2.0)
+        more.compose_gaussian(t, 0.01, 2.0)
     assert restored.ledger == more.ledger and restored.rho_spent() == more.rho_spent()
-    restored.close()
+    restored.storage.close()
 
 
 def test_journal_longer_than_its_checkpoint_is_truncated(tmp_path) -> None:
@@ -274,23 +288,23 @@ def test_journal_longer_than_its_checkpoint_is_truncated(tmp_path) -> None:
     size = os.path.getsize(tmp_path / "m.ledger")
     last = events[-1].step
     for t in range(last + 1, last + 2 * CHUNK):
-        acc.charge_gaussian(t, 0.01, 2.0)
-    acc.close()  # "crash": the journal holds chunks the checkpoint never saw
+        acc.compose_gaussian(t, 0.01, 2.0)
+    acc.storage.close()  # "crash": the journal holds chunks the checkpoint never saw
     assert os.path.getsize(tmp_path / "m.ledger") > size
     restored = accountant_from_dict(state)
     assert os.path.getsize(tmp_path / "m.ledger") == size
     assert restored.ledger == tuple(events)
     for t in range(last + 1, last + 2 * CHUNK):  # the replay
-        restored.charge_gaussian(t, 0.01, 2.0)
+        restored.compose_gaussian(t, 0.01, 2.0)
     assert restored.ledger == acc.ledger and restored.rho_spent() == acc.rho_spent()
-    restored.close()
+    restored.storage.close()
 
 
 @pytest.mark.parametrize("damage", ["shorter", "flipped", "missing", "swapped"])
 def test_a_journal_that_lost_or_changed_charges_is_refused(tmp_path, damage) -> None:
     acc, _ = _journaled(tmp_path)
     state = acc.to_dict()
-    acc.close()
+    acc.storage.close()
     path = tmp_path / "m.ledger"
     data = path.read_bytes()
     if damage == "shorter":
@@ -301,7 +315,7 @@ def test_a_journal_that_lost_or_changed_charges_is_refused(tmp_path, damage) -> 
         path.unlink()
     else:  # another ledger's journal in its place
         other, _ = _journaled(tmp_path, name="other.ledger", seed=8)
-        other.close()
+        other.storage.close()
         os.replace(tmp_path / "other.ledger", path)
     with pytest.raises(JournalError):
         accountant_from_dict(state)
@@ -313,28 +327,168 @@ def test_a_journal_has_one_writer(tmp_path) -> None:
     with pytest.raises(JournalError, match="in use"):
         accountant_from_dict(state)
     with pytest.raises(JournalError, match="already exists"):
-        ZCDPAccountant(1.0, 1e-5).open_journal(tmp_path / "m.ledger")
-    acc.close()
-    accountant_from_dict(state).close()
+        ZCDPAccountant(1e-5).storage.open_journal(tmp_path / "m.ledger")
+    acc.storage.close()
+    accountant_from_dict(state).storage.close()
 
 
 def test_a_build_without_journals_refuses_a_journaled_state(tmp_path) -> None:
     """The kind says "journal:zcdp": an old loader fails loudly instead of a partial ledger."""
     acc, _ = _journaled(tmp_path, n=CHUNK + 5)
     state = acc.to_dict()
-    acc.close()
+    acc.storage.close()
     assert state["kind"] not in ("zcdp", "pure", "approx") and "events" not in state
 
 
 def test_open_journal_writes_the_chunks_already_sealed(tmp_path) -> None:
-    acc = ZCDPAccountant(1e6, 1e-5)
+    acc = ZCDPAccountant(1e-5)
     for t in range(1, N):
-        acc.charge_gaussian(t, 0.01, 2.0)
+        acc.compose_gaussian(t, 0.01, 2.0)
     ledger, total = acc.ledger, acc.rho_spent()
-    acc.open_journal(tmp_path / "late.ledger")
-    assert len(acc.journal) == (N - 1) // CHUNK and acc.ledger == ledger
+    acc.storage.open_journal(tmp_path / "late.ledger")
+    assert len(acc.storage.journal) == (N - 1) // CHUNK and acc.ledger == ledger
     state = acc.to_dict()
-    acc.close()
+    acc.storage.close()
     restored = accountant_from_dict(state)
     assert restored.ledger == ledger and restored.rho_spent() == total
-    restored.close()
+    restored.storage.close()
+
+
+# --- the budget: accounting is not enforcement -----------------------------------------------
+
+
+def test_an_accountant_composes_everything_and_the_budget_refuses() -> None:
+    """The accountant never refuses; the budget refuses what would overrun it, untouched."""
+    acc = ZCDPAccountant(1e-5)
+    acc.compose(GaussianEvent(1, 100.0, 1.0))  # ρ = 5000: far above any sensible budget
+    assert acc.rho_spent() == 5000.0
+    budget = zcdp_budget(1.0, 1e-5)
+    before = (len(budget.accountant), budget.accountant.rho_spent())
+    with pytest.raises(BudgetExhausted):
+        budget.charge(GaussianEvent(1, 100.0, 1.0))
+    with pytest.raises(BudgetExhausted):
+        budget.charge_gaussian(1, 100.0, 1.0)
+    assert (len(budget.accountant), budget.accountant.rho_spent()) == before
+    ok = GaussianEvent(2, 0.1, 10.0)
+    assert budget.charge(ok) == ok and budget.charge(ok) == ok  # a replay is free
+    assert len(budget.accountant) == 1 and budget.remaining() < budget.limit
+
+
+def test_charge_gaussian_is_charge_of_the_event_bit_for_bit():
+    """The budget's event-free fast charge leaves exactly the ledger ``charge`` leaves."""
+    rng = np.random.default_rng(5)
+    fast, slow = zcdp_budget(1.0, 1e-5), zcdp_budget(1.0, 1e-5)
+    for t in range(1, 400):
+        sens, sigma = float(rng.uniform(0, 0.1)), float(rng.uniform(1, 30))
+        fast.charge_gaussian(t, sens, sigma)
+        slow.charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
+    assert fast.accountant.ledger == slow.accountant.ledger
+    assert fast.accountant.rho_spent() == slow.accountant.rho_spent() and fast.accountant.verify()
+    ev = fast.accountant.ledger[-1]
+    fast.charge_gaussian(ev.step, ev.sensitivity, ev.sigma)  # an identical replay: free
+    assert len(fast.accountant) == len(slow.accountant)
+    with pytest.raises(DoubleCharge):
+        fast.charge_gaussian(ev.step, ev.sensitivity, ev.sigma * 2)
+    with pytest.raises(ValueError):
+        fast.charge_gaussian(ev.step + 1, float("nan"), 1.0)
+    with pytest.raises(BudgetExhausted):
+        fast.charge_gaussian(ev.step + 1, 100.0, 1.0)
+    assert fast.accountant.ledger == slow.accountant.ledger
+
+
+def test_charge_gaussian_refuses_exactly_where_charge_refuses_after_many_pending_costs():
+    """Thousands of charges (costs folded in batches), then the budget's edge: the event-free
+    path and ``charge`` accept and refuse the same charges and end with the same partials."""
+    rng = np.random.default_rng(9)
+    fast, slow = zcdp_budget(1.0, 1e-5), zcdp_budget(1.0, 1e-5)
+    per = fast.limit / 3000.0  # 3000 equal-cost charges use up the budget
+    for t in range(1, 4000):
+        sens = float(rng.uniform(0.5, 1.5))
+        sigma = sens / math.sqrt(2.0 * per) * float(rng.choice([1.0, 1.0 + 1e-12, 1.0 - 1e-12]))
+        outcomes = []
+        for fast_path in (True, False):
+            try:
+                if fast_path:
+                    fast.charge_gaussian(t, sens, sigma)
+                else:
+                    slow.charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
+                outcomes.append(True)
+            except BudgetExhausted:
+                outcomes.append(False)
+        assert outcomes[0] == outcomes[1], f"step {t}: {outcomes}"
+    a, b = fast.accountant, slow.accountant
+    assert len(a) == len(b) < 3999  # the edge was reached
+    assert a._partials == b._partials and a.rho_spent() == b.rho_spent()
+    assert a.rho_spent() <= fast.limit and a.ledger == b.ledger and a.verify()
+
+
+def test_a_budget_round_trips_and_refuses_a_ledger_above_it() -> None:
+    budget = zcdp_budget(2.0, 1e-6, "paper")
+    for t in range(1, 50):
+        budget.charge_gaussian(t, 0.01, 1.0)
+    back = budget_from_dict(budget.to_dict())
+    assert (back.limit, back.epsilon, back.delta) == (budget.limit, 2.0, 1e-6)
+    assert back.accountant.ledger == budget.accountant.ledger
+    assert back.accountant.conversion == "paper"
+    over = budget.to_dict()
+    over["limit"] = budget.accountant.rho_spent() / 2
+    with pytest.raises(ValueError, match="exceeds its own budget"):
+        budget_from_dict(over)
+    # the older form, where the accountant carried its own budget
+    old = {**budget.accountant.to_dict(), "epsilon": 2.0, "conversion": "paper"}
+    assert budget_from_dict(old).limit == budget.limit
+
+
+# --- one budget, several components ---------------------------------------------------------
+
+
+def test_slices_share_one_ledger_and_each_keeps_to_its_share() -> None:
+    budget = zcdp_budget(4.0, 1e-5)
+    model, scaler = budget.slice(0.75, "gaussian"), budget.slice(0.25, "gaussian-scaler")
+    per = budget.limit / 100
+    sigma = 1.0 / math.sqrt(2 * per)  # each charge costs 1% of the budget
+    for t in range(1, 26):  # the same steps under two names: no double charge
+        scaler.charge_gaussian(t, 1.0, sigma)
+        model.charge_gaussian(t, 1.0, sigma)
+    with pytest.raises(BudgetExhausted, match="share"):
+        scaler.charge_gaussian(26, 1.0, sigma)  # its 25 % are spent
+    for t in range(26, 76):
+        model.charge_gaussian(t, 1.0, sigma)
+    with pytest.raises(BudgetExhausted):
+        model.charge_gaussian(76, 1.0, sigma)
+    acc = budget.accountant
+    assert len(acc) == 100 and acc.rho_spent() <= budget.limit
+    assert sum(e.mechanism == "gaussian-scaler" for e in acc.ledger) == 25
+    assert acc.charged(3, "gaussian-scaler") is not None and acc.charged(3, "gaussian")
+    # Restored, a slice sees its own past charges in the shared ledger.
+    back = budget_or_slice_from_dict(model.to_dict())
+    assert back.limit == model.limit and back.remaining() == model.remaining()
+    assert back.accountant.ledger == acc.ledger
+    with pytest.raises(ValueError, match="charges"):
+        model.charge(GaussianEvent(80, 1.0, sigma, "gaussian-scaler"))
+
+
+def test_a_learner_spends_only_its_share_and_leaves_the_rest_to_others() -> None:
+    from stream_dp.online import OnPairStrC
+
+    rng = np.random.default_rng(0)
+    kw = dict(task="auc", epsilon=2.0, horizon=120, alpha=1.0, buffer=8, features=3)
+    full, part = OnPairStrC(**kw), OnPairStrC(**kw, budget_share=0.5)
+    scaler = part.budget.slice(0.5, "gaussian-scaler")
+    for t in range(1, 121):
+        x, y = rng.normal(size=3), bool(rng.random() < 0.5)
+        full.learn_one(x, y)
+        part.learn_one(x, y)
+        if t % 40 == 0:
+            scaler.charge_gaussian(t, 1.0, 1.0 / math.sqrt(2 * scaler.limit / 3.001))
+    ledger = part.accountant.ledger
+    releases = [e for e in ledger if e.mechanism == "gaussian"]
+    assert len(releases) == full.n_releases and sum(e.mechanism != "gaussian" for e in ledger) == 3
+    # The same certified sensitivities, σ larger by √2: half the ρ for the same releases.
+    for a, b in zip(full.accountant.ledger, releases, strict=True):
+        assert a.sensitivity == b.sensitivity
+        assert b.sigma == pytest.approx(a.sigma * math.sqrt(2), rel=1e-8)
+    assert part.accountant.rho_spent() <= part.budget.limit
+    restored = OnPairStrC(**kw, budget_share=0.5)
+    restored.load_state_dict(part.state_dict())
+    assert restored.accountant.ledger == ledger and restored.budget.limit == part.budget.limit

@@ -1,7 +1,7 @@
-"""The metric learner's numeric kernels on both backends (issue 5).
+"""The metric learner's compiled linear algebra, on both backends.
 
 The compiled path decomposes symmetric matrices with its own eigensolver (Householder + implicit
-QL, :func:`stream_dp._kernels._eigh_ql`), the NumPy path with LAPACK ``dsyevd``; the release is the
+QL, :func:`stream_dp.linalg._eigh_ql`), the reference with LAPACK ``dsyevd``; the release is the
 Euclidean projection onto ``{W ⪰ 0, ‖W‖_F ≤ D}`` either way, so the two agree to rounding. The
 noise blocks are NumPy's standard normals on both backends, bit for bit.
 """
@@ -11,16 +11,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stream_dp import _kernels
-from stream_dp.online import OnPairStrC, interfaces
-from stream_dp.online.interfaces import psd_sqrt, sqrt_factors, sqrt_from_eigh
+from stream_dp import _jit, constraints, linalg
+from stream_dp.linalg import psd_sqrt, sqrt_factors, sqrt_from_eigh
+from stream_dp.online import OnPairStrC
 from stream_dp.privacy import noise as noise_mod
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
 from stream_dp.privacy.secrets import derive_key
 
 __all__: list[str] = []
 
-needs_numba = pytest.mark.skipif(not _kernels.NUMBA_INSTALLED, reason="numba is not installed")
+needs_numba = pytest.mark.skipif(not _jit.NUMBA_INSTALLED, reason="numba is not installed")
 
 
 def _symmetric_cases(rng: np.random.Generator, d: int) -> list[np.ndarray]:
@@ -57,7 +57,7 @@ def _reference_projection(S: np.ndarray, radius: float) -> np.ndarray:
 def test_compiled_eigensolver_is_an_eigendecomposition(d: int) -> None:
     rng = np.random.default_rng(100 + d)
     for S in _symmetric_cases(rng, d):
-        lam, V = _kernels._eigh_ql_nb(S)
+        lam, V = linalg._eigh_ql_compiled(S)
         scale = max(float(np.abs(S).max()), np.finfo(float).tiny)
         tol = 50 * d * np.finfo(float).eps * scale
         assert np.all(np.diff(lam) >= 0.0)  # ascending, as np.linalg.eigh
@@ -70,9 +70,9 @@ def test_compiled_eigensolver_is_an_eigendecomposition(d: int) -> None:
 @pytest.mark.parametrize("numba", [False, True])
 @pytest.mark.parametrize("d", [4, 32])
 def test_psd_projection_is_the_euclidean_projection_on_both_backends(d: int, numba: bool) -> None:
-    project = _kernels.project_psd_frobenius
-    if numba and _kernels.NUMBA_INSTALLED:
-        project = _kernels.numba.njit(_kernels.project_psd_frobenius)
+    project = constraints.project_psd_frobenius
+    if numba and _jit.NUMBA_INSTALLED:
+        project = _jit.numba.njit(constraints.project_psd_frobenius)
     rng = np.random.default_rng(7 * d)
     radius = 1.0
     cases = [S / np.abs(S).max() if np.abs(S).max() > 0 else S for S in _symmetric_cases(rng, d)]
@@ -124,27 +124,27 @@ def test_root_factors_are_the_same_on_both_backends() -> None:
             lam, V = np.linalg.eigh(_reference_projection(S / max(1.0, np.abs(S).max()), 1.0))
             x = rng.normal(size=d)
             for Vx in (V, np.ascontiguousarray(V)):  # LAPACK's layout and the kernel's
-                with _kernels.use_numba(False):
+                with _jit.use_numba(False):
                     L0, R0 = sqrt_factors(lam, Vx)
-                with _kernels.use_numba(True):
+                with _jit.use_numba(True):
                     L1, R1 = sqrt_factors(lam, Vx)
                 assert L0.tobytes() == L1.tobytes() and R0.tobytes() == R1.tobytes()
-                if interfaces._compiled_root() is not None:
-                    y = interfaces._compiled_root()[1](L1, R1, x)
+                if linalg._compiled_root() is not None:
+                    y = linalg._compiled_root()[1](L1, R1, x)
                     np.testing.assert_allclose(y, L0 @ (R0 @ x), rtol=0, atol=1e-14)
 
 
 def test_compiled_noise_blocks_are_numpys_bit_for_bit() -> None:
-    if _kernels.NUMBA_INSTALLED:
+    if _jit.NUMBA_INSTALLED:
         assert noise_mod._compiled_fill() is not None
     for size in (3, 32, 64 * 64, 32 * 32):
         B = rows_per_block(size)
         steps = [0, 1, B - 1, B, 5 * B + 3]
         for purpose in ("release", "warmup"):
-            with _kernels.use_numba(True):
+            with _jit.use_numba(True):
                 fast = [KeyedNoise(secret=21, model_id="q").standard_row(t, size, purpose)
                         for t in steps]  # fmt: skip
-            with _kernels.use_numba(False):
+            with _jit.use_numba(False):
                 ref = [KeyedNoise(secret=21, model_id="q").standard_row(t, size, purpose)
                        for t in steps]  # fmt: skip
             for a, b in zip(fast, ref, strict=True):
@@ -155,14 +155,14 @@ def test_compiled_noise_blocks_are_numpys_bit_for_bit() -> None:
     key = derive_key(21, "release", "q")
     gen = np.random.Generator(np.random.Philox(key=key, counter=counter))
     expected = gen.standard_normal((rows_per_block(1024), 1024))
-    with _kernels.use_numba(True):
+    with _jit.use_numba(True):
         got = noise.standard_row(rows_per_block(1024) + 2, 1024)
     assert got.tobytes() == expected[2].tobytes()
 
 
 def _run(numba: bool, X: np.ndarray, y: np.ndarray, batched: bool):
     names = tuple(f"f{i:02d}" for i in range(X.shape[1]))
-    with _kernels.use_numba(numba):
+    with _jit.use_numba(numba):
         m = OnPairStrC(
             task="metric", epsilon=1.0, delta=1e-5, horizon=None, alpha=1.0, warmup=10,
             buffer="fifo:64", release_every=1, seed=2026, reproducible=True, features=names,
@@ -189,7 +189,7 @@ def test_metric_learner_at_d32_is_the_same_on_both_backends(batched: bool) -> No
     got, got_rel, got_tr = _run(True, X, y, batched=batched)
     assert got.accountant.ledger == ref.accountant.ledger  # bit for bit
     assert got.last_sigma == ref.last_sigma
-    np.testing.assert_allclose(got._w, ref._w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.state_dict()["w"], ref.state_dict()["w"], rtol=0, atol=1e-12)
     if not batched:
         for a, b in zip(got_rel, ref_rel, strict=True):
             if b is None:

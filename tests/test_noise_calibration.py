@@ -1,8 +1,6 @@
-"""Noise calibration: the ledger's σ_t is SPEC §5's, the budget is never overrun, the release
-noise really has variance σ_t², and a step's release is a pure function of (secret, step).
-
-Acceptance criterion 5.
-"""
+"""Noise calibration: the ledger's σ_t is the schedule's (``docs/privacy.md``, *Accounting*),
+the budget is never overrun, the release noise really has variance σ_t², and a step's release
+is a pure function of (secret, step)."""
 
 from __future__ import annotations
 
@@ -12,17 +10,17 @@ import numpy as np
 import pytest
 from scipy import special
 
-from stream_dp import _kernels
+from stream_dp import _jit
 from stream_dp.online import OnPairC, OnPairStrC
 from stream_dp.privacy import (
     BudgetExhausted,
     DoubleCharge,
     GaussianEvent,
     KeyedNoise,
-    ZCDPAccountant,
-    accountant_from_dict,
+    budget_from_dict,
     gaussian_sigma_zcdp,
     rho_from_epsilon,
+    zcdp_budget,
 )
 
 __all__: list[str] = []
@@ -39,12 +37,12 @@ def _stream(seed: int, n: int, d: int, task: str):
 
 
 def _paper_rho(epsilon: float, delta: float) -> float:
-    # SPEC §5, written out: ρ = (√(ln(1/δ) + ε) − √(ln(1/δ)))².
+    # The paper's conversion, written out: ρ = (√(ln(1/δ) + ε) − √(ln(1/δ)))².
     L = math.log(1 / delta)
     return (math.sqrt(L + epsilon) - math.sqrt(L)) ** 2
 
 
-# --- σ_t against SPEC §5 --------------------------------------------------------------------
+# --- σ_t against the formulas ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("task", ["auc", "metric"])
@@ -53,9 +51,9 @@ def test_horizon_paper_sigma_matches_the_spec_formula(alg, task: str) -> None:
     n, alpha = 60, 2.0
     model = alg(
         task=task, epsilon=EPS, delta=DELTA, horizon=n, alpha=alpha, sensitivity="paper",
-        conversion="paper", seed=1, reproducible=True, track_regret=False,
+        conversion="paper", seed=1, reproducible=True, track_regret=False, features=3,
     )  # fmt: skip
-    # G from SPEC §2 and §6: AUC 4R, metric 4R²; OnPairStrC adds α·D, OnPairC α·diam(C).
+    # G: AUC 4R, metric 4R²; OnPairStrC adds α·D, OnPairC α·diam(C) (docs/algorithms.md).
     G0 = 4 * R if task == "auc" else 4 * R**2
     diam = 2 * D if task == "auc" else math.sqrt(2) * D
     G = G0 + alpha * (D if alg is OnPairStrC else diam)
@@ -97,6 +95,7 @@ def test_anytime_sigma_is_certified_sensitivity_over_root_two_rho_k(
         seed=2,
         reproducible=True,
         track_regret=False,
+        features=3,
     )
     rho = rho_from_epsilon(EPS, DELTA)
     zeta = float(special.zeta(p, 1))
@@ -110,7 +109,7 @@ def test_anytime_sigma_is_certified_sensitivity_over_root_two_rho_k(
         k += 1
         assert t > 8 and (t - 8) % release_every == 0
         rho_k = rho * k ** (-p) / zeta
-        delta_t = model._tracker.current
+        delta_t = model.mechanism.tracker.current
         assert model.last_sensitivity == delta_t
         assert model.last_sigma == pytest.approx(delta_t / math.sqrt(2 * rho_k), rel=1e-8)
         assert model.accountant.ledger[-1].rho == pytest.approx(rho_k, rel=1e-8)
@@ -123,6 +122,7 @@ def test_horizon_certified_sigma_splits_rho_over_the_releases(release_every: int
     model = OnPairStrC(
         task="metric", epsilon=EPS, delta=DELTA, horizon=n, alpha=1.0, buffer="fifo:5",
         warmup=9, release_every=release_every, seed=3, reproducible=True, track_regret=False,
+        features=3,
     )  # fmt: skip
     n_rel = math.ceil((n - 9) / release_every)
     rho = rho_from_epsilon(EPS, DELTA)
@@ -133,7 +133,7 @@ def test_horizon_certified_sigma_splits_rho_over_the_releases(release_every: int
         model.learn_one(X[t - 1], y[t - 1])
         if len(model.accountant.ledger) > before:
             steps.append(t)
-            expected = model._tracker.current / math.sqrt(2 * rho / n_rel)
+            expected = model.mechanism.tracker.current / math.sqrt(2 * rho / n_rel)
             assert model.last_sigma == pytest.approx(expected, rel=1e-8)
     assert len(steps) == n_rel
     assert steps[-1] == n  # the horizon step always releases
@@ -161,8 +161,9 @@ def test_budget_is_spent_by_the_horizon_and_never_overrun(
         seed=4,
         reproducible=True,
         track_regret=False,
+        features=3,
     )
-    budget = model.accountant.rho_budget
+    budget = model.budget.limit
     X, y = _stream(3, 2 * n, 3, "auc")
     for t in range(1, 2 * n + 1):
         model.learn_one(X[t - 1], y[t - 1])
@@ -193,46 +194,50 @@ def test_anytime_schedule_never_overruns_a_long_stream() -> None:
         reproducible=True,
         anytime_p=1.01,
         track_regret=False,
+        features=2,
     )
     X, y = _stream(4, 3000, 2, "auc")
     for t in range(3000):
         model.learn_one(X[t], y[t])
-    assert math.fsum(e.rho for e in model.accountant.ledger) < model.accountant.rho_budget
+    assert math.fsum(e.rho for e in model.accountant.ledger) < model.budget.limit
     assert not model.exhausted and len(model.accountant.ledger) == 3000 - 5
 
 
 def test_ledger_refuses_overruns_and_double_charges() -> None:
-    acc = ZCDPAccountant(epsilon=EPS, delta=DELTA)
-    budget = acc.rho_budget
+    budget = zcdp_budget(epsilon=EPS, delta=DELTA)
+    acc, limit = budget.accountant, budget.limit
 
     def event(step: int, share: float, sensitivity: float = 0.3) -> GaussianEvent:
-        return GaussianEvent(step, sensitivity, gaussian_sigma_zcdp(sensitivity, share * budget))
+        return GaussianEvent(step, sensitivity, gaussian_sigma_zcdp(sensitivity, share * limit))
 
-    first = acc.charge(event(1, 0.6))
-    assert acc.charge(event(1, 0.6)) == first and len(acc) == 1  # an identical replay is free
+    first = budget.charge(event(1, 0.6))
+    assert budget.charge(event(1, 0.6)) == first and len(acc) == 1  # an identical replay: free
     with pytest.raises(DoubleCharge):
-        acc.charge(event(1, 0.6, sensitivity=0.31))  # another release of a charged step
+        budget.charge(event(1, 0.6, sensitivity=0.31))  # another release of a charged step
     with pytest.raises(BudgetExhausted):
-        acc.charge(event(2, 0.5))
+        budget.charge(event(2, 0.5))
     assert acc.ledger == (first,)  # a refused charge leaves the ledger untouched
-    acc.charge(event(2, 0.39))
-    assert acc.rho_spent() <= budget and acc.spent()[0] <= EPS
-    restored = accountant_from_dict(acc.to_dict())
-    assert restored.ledger == acc.ledger and restored.rho_spent() == acc.rho_spent()
+    budget.charge(event(2, 0.39))
+    assert acc.rho_spent() <= limit and acc.spent()[0] <= EPS
+    restored = budget_from_dict(budget.to_dict())
+    assert restored.accountant.ledger == acc.ledger
+    assert restored.accountant.rho_spent() == acc.rho_spent()
     # A hand-written ledger (the list-of-events form) that overruns its own budget.
-    tampered = {k: v for k, v in acc.to_dict().items() if k != "columns"}
-    tampered["events"] = [e.to_dict() for e in (*acc.ledger, event(3, 0.5))]
+    tampered = budget.to_dict()
+    stored = {k: v for k, v in tampered["accountant"].items() if k != "columns"}
+    stored["events"] = [e.to_dict() for e in (*acc.ledger, event(3, 0.5))]
     with pytest.raises(ValueError):
-        accountant_from_dict(tampered)  # a stored ledger above its own budget is refused
+        budget_from_dict({**tampered, "accountant": stored})  # above its own budget: refused
 
 
 def test_a_refused_release_exhausts_the_learner(quiet_exhaustion) -> None:
     # If the accountant refuses a release (here: its budget was mostly spent elsewhere), the
     # learner must not publish, must not charge, and keeps serving its last release.
     model = OnPairStrC(task="auc", epsilon=EPS, delta=DELTA, horizon=30, alpha=1.0, warmup=4,
-                       buffer=4, seed=15, reproducible=True, track_regret=False)  # fmt: skip
-    rho = 0.999 * model.accountant.rho_budget
-    model.accountant.charge(GaussianEvent(0, 1.0, gaussian_sigma_zcdp(1.0, rho)))
+                       buffer=4, seed=15, reproducible=True, track_regret=False,
+                       features=3)  # fmt: skip
+    rho = 0.999 * model.budget.limit
+    model.budget.charge(GaussianEvent(0, 1.0, gaussian_sigma_zcdp(1.0, rho)))
     X, y = _stream(9, 10, 3, "auc")
     for t in range(4):
         model.learn_one(X[t], y[t])
@@ -249,7 +254,8 @@ def test_noise_plan_is_the_ledger_before_any_data(buffer: str) -> None:
     # σ_t depends only on steps, constants and (keyed) buffer membership: the plan computed
     # without data must be exactly what the run charges.
     kw = dict(task="auc", epsilon=EPS, delta=DELTA, horizon=40, alpha=1.0, buffer=buffer,
-              warmup=6, release_every=3, seed=6, reproducible=True, track_regret=False)  # fmt: skip
+              warmup=6, release_every=3, seed=6, reproducible=True, track_regret=False,
+              features=3)  # fmt: skip
     plan = OnPairStrC(**kw).noise_plan()
     model = OnPairStrC(**kw)
     X, y = _stream(5, 40, 3, "auc")
@@ -263,7 +269,7 @@ def test_noise_plan_is_the_ledger_before_any_data(buffer: str) -> None:
 
 
 def test_release_noise_has_variance_sigma_squared_over_2000_seeds() -> None:
-    # We measure the noise the learner actually added, release − _w, which needs the final
+    # We measure the noise the learner actually added, release − w, which needs the final
     # projection to be inactive: a large model radius (D = 100) and a large ε keep
     # ‖w + noise‖ far below D, and the test asserts that for every seed (were the projection
     # active, the release would sit exactly on the sphere of radius D). This measures the real
@@ -276,13 +282,13 @@ def test_release_noise_has_variance_sigma_squared_over_2000_seeds() -> None:
     for seed in range(n_seeds):
         model = OnPairStrC(
             task="auc", epsilon=1000.0, delta=DELTA, horizon=3, warmup=2, alpha=1.0,
-            model_radius=100.0, seed=seed, reproducible=True, track_regret=False,
+            model_radius=100.0, seed=seed, reproducible=True, track_regret=False, features=4,
         )  # fmt: skip
         for i in range(3):
             model.learn_one(X[i], y[i])
         release = model.private_weights
         assert np.linalg.norm(release) < 0.9 * 100.0  # Π_C was the identity
-        noises.append(release - model._w)
+        noises.append(release - model.state_dict()["w"])
         sigmas.add(model.last_sigma)
     assert len(sigmas) == 1  # σ does not depend on the seed (nor on the data)
     sigma = sigmas.pop()
@@ -301,10 +307,11 @@ def test_release_noise_has_variance_sigma_squared_over_2000_seeds() -> None:
 def test_release_is_projected_iterate_plus_keyed_noise_at_the_ledger_sigma(
     task: str, numba: bool
 ) -> None:
-    with _kernels.use_numba(numba):
+    with _jit.use_numba(numba):
         model = OnPairStrC(
             task=task, epsilon=EPS, delta=DELTA, horizon=30, alpha=1.0, warmup=5,
             buffer="fifo:5", seed=11, reproducible=True, model_id="m-7", track_regret=False,
+            features=3,
         )  # fmt: skip
         keyed = KeyedNoise(secret=11, model_id="m-7")
         X, y = _stream(6, 30, 3, task)
@@ -313,9 +320,10 @@ def test_release_is_projected_iterate_plus_keyed_noise_at_the_ledger_sigma(
             if t <= 5:
                 continue
             event = model.accountant.ledger[-1]
-            noise = keyed.gaussian(t, model._w.shape, event.sigma)
-            expected = model._constraint.project(model._w + noise)  # NumPy code, LAPACK eigh
-            if numba and task == "metric" and _kernels.NUMBA_INSTALLED:
+            w = model.state_dict()["w"]
+            noise = keyed.gaussian(t, w.shape, event.sigma)
+            expected = model.constraint.project(w + noise)  # NumPy code, LAPACK eigh
+            if numba and task == "metric" and _jit.NUMBA_INSTALLED:
                 # The compiled projection decomposes with its own eigensolver: the same exact
                 # projection, rounded differently; any other noise would be off by far more.
                 np.testing.assert_allclose(model.private_weights, expected, rtol=0, atol=1e-12)
@@ -329,7 +337,7 @@ def test_noise_of_a_step_does_not_depend_on_the_data() -> None:
     def noises(seed_data: int) -> list[np.ndarray]:
         model = OnPairStrC(
             task="auc", epsilon=1000.0, delta=DELTA, horizon=12, warmup=2, alpha=1.0,
-            model_radius=100.0, seed=9, reproducible=True, track_regret=False,
+            model_radius=100.0, seed=9, reproducible=True, track_regret=False, features=3,
         )  # fmt: skip
         X, y = _stream(seed_data, 12, 3, "auc")
         out = []
@@ -337,7 +345,7 @@ def test_noise_of_a_step_does_not_depend_on_the_data() -> None:
             model.learn_one(X[t] * (1 + 50 * seed_data), y[t])
             if t >= 2:
                 assert np.linalg.norm(model.private_weights) < 90.0
-                out.append(model.private_weights - model._w)
+                out.append(model.private_weights - model.state_dict()["w"])
         return out
 
     for a, b in zip(noises(0), noises(1), strict=True):
@@ -351,7 +359,7 @@ def test_noise_of_a_step_does_not_depend_on_the_data() -> None:
 @pytest.mark.parametrize("buffer", ["all", "reservoir:5"])
 def test_same_seed_same_stream_gives_bit_identical_releases(alg, buffer: str) -> None:
     kw = dict(task="metric", epsilon=EPS, delta=DELTA, horizon=40, alpha=1.0, buffer=buffer,
-              warmup=6, seed=12, reproducible=True, track_regret=False)  # fmt: skip
+              warmup=6, seed=12, reproducible=True, track_regret=False, features=3)  # fmt: skip
     a, b, other = alg(**kw), alg(**kw), alg(**{**kw, "seed": 13})
     X, y = _stream(7, 40, 3, "metric")
     differs = 0
@@ -379,6 +387,7 @@ def test_checkpoint_and_replay_reproduce_releases_and_ledger(alg, buffer: str) -
         seed=14,
         reproducible=True,
         track_regret=False,
+        features=3,
     )
     X, y = _stream(8, 50, 3, "auc")
     original = alg(**kw)
@@ -402,5 +411,5 @@ def test_checkpoint_and_replay_reproduce_releases_and_ledger(alg, buffer: str) -
     assert restored.accountant.rho_spent() == original.accountant.rho_spent()
     # Re-delivering an already charged release (same step, same event) costs nothing.
     for event in original.accountant.ledger:
-        restored.accountant.charge(event)
+        restored.budget.charge(event)
     assert restored.accountant.ledger == original.accountant.ledger

@@ -1,5 +1,6 @@
-"""Noise calibration of every offline algorithm: the ledger's σ/b is SPEC §7's formula, the
-release is Π_C(noiseless statistic + the recorded draw), and the draws have that scale."""
+"""Noise calibration of every offline algorithm: the ledger's σ/b is the paper's formula
+(``docs/algorithms.md``), the release is Π_C(noiseless statistic + the recorded draw), and the
+draws have that scale."""
 
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def _p(task):
 
 
 def _G(task, alpha=0.0, radius=1.0, center_radius=None):
-    """SPEC §2: logistic G = 4R (AUC) or 4R² (metric), plus α·(D or diam) for a regulariser."""
+    """Logistic G = 4R (AUC) or 4R² (metric), plus α·(D or diam) for a regulariser
+    (``docs/algorithms.md``, *Constants*)."""
     base = 4 * R if task == "auc" else 4 * R**2
     return base + alpha * (radius if center_radius is None else center_radius)
 
@@ -75,7 +77,7 @@ LN = math.log(1.25 / 1e-3)
 
 
 def _expected(name, task, est, delta):
-    """SPEC §7's scale (σ for δ > 0, Laplace b for δ = 0) from the fitted hyper-parameters."""
+    """The paper's scale (σ for δ > 0, Laplace b for δ = 0) from the fitted hyper-parameters."""
     n, eps = N, est.epsilon
     if name == "OffPairStrC":
         G, a = _G(task, est.alpha), est.alpha
@@ -111,16 +113,16 @@ def _expected(name, task, est, delta):
         return 8 * _G(task) * math.sqrt(est.n_iter_ * math.log(1 / delta)) / (n * eps)
     if name == "PairwiseSGD":
         T, eta = est.n_iter_, est.eta_
-        G = 2 * R if task == "auc" else 4 * R**2  # hinge losses (SPEC §2)
+        G = 2 * R if task == "auc" else 4 * R**2  # hinge losses
         eq5 = (8 * eta**2 * G**2 * math.log(2.5 / delta) / eps**2) * (
             T + 3 * T**2 * math.log(math.e * T) ** 2 * math.log(2 / delta) ** 2 / n**2
         )
-        return math.sqrt(math.e * eq5)  # eq. (5) with the e of eqs. (3)/(9); see mechanisms
+        return math.sqrt(math.e * eq5)  # eq. (5) with the e of eqs. (3)/(9); see offline.yang
     raise AssertionError(name)
 
 
 def _make(name, task, delta, seed):
-    common = dict(task=task, epsilon=0.7, delta=delta, data_radius=R, seed=seed)
+    common = dict(task=task, epsilon=0.7, delta=delta, data_radius=R, seed=seed, reproducible=True)
     return {
         "OffPairStrC": lambda: OffPairStrC(alpha=2.0, **common),
         "OffPairC": lambda: OffPairC(**common),
@@ -146,7 +148,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,task,delta", CASES)
-def test_ledger_scale_is_spec_formula(name, task, delta):
+def test_ledger_scale_is_the_papers_formula(name, task, delta):
     X, y = _data(task)
     est = _make(name, task, delta, seed=3)
     _fit_recording(est, X, y)
@@ -228,7 +230,7 @@ def test_gradient_noise_enters_each_step_with_the_ledger_sigma(name):
         est.set_params(model_radius=1e6, eta=0.01)  # no projection: w_t = w − η(g + ζ)
         est._keep_trace = True
         rec = _fit_recording(est, X, y)
-        draws = [d for d in rec.draws if d[1] == "offline"]
+        draws = [d for d in rec.draws if d[1] == "gradient"]
         assert len(draws) == est.n_iter_
         sigma = est.accountant.ledger[0].sigma
         assert all(d[2] == sigma for d in draws)
@@ -251,10 +253,11 @@ def test_dppdml_scale_and_draws():
     pairs, labels = random_pair_graph(yy, density=2.0, seed=0)
     z = []
     for seed in range(40):
-        est = DPPDML(epsilon=1.5, n_components=2, clip=0.5, batch_size=20, n_epochs=3, seed=seed)
+        est = DPPDML(epsilon=1.5, n_components=2, clip=0.5, batch_size=20, n_epochs=3,
+                     pair_graph_public=True, seed=seed, reproducible=True)  # fmt: skip
         rec = RecordingNoise(seed, est.model_id)
         est._make_noise = lambda rec=rec: rec
-        est.fit(X, pairs, labels)
+        est.fit(X, pairs=pairs, pair_labels=labels)
         kappa = max(np.bincount(pairs.ravel()))  # node degree
         b = kappa * (2 * 0.5 / 20) * 2 / (1.5 / 3)  # κ·Δg_r·d'/ε', ε' = ε/T_max
         assert est.kappa_ == kappa and est.noise_scale_ == pytest.approx(b, rel=1e-12)
@@ -262,7 +265,7 @@ def test_dppdml_scale_and_draws():
         assert len(events) == 3 and all(isinstance(e, LaplaceEvent) for e in events)
         assert all(e.epsilon == pytest.approx(0.5) for e in events)
         assert est.accountant.spent()[0] <= 1.5
-        draws = [d for d in rec.draws if d[1] == "offline"]
+        draws = [d for d in rec.draws if d[1] == "gradient"]
         assert len(draws) == 3 * math.ceil(len(pairs) / 20)
         z.append(np.concatenate([d[3].ravel() for d in draws]) / b)
     assert np.std(np.concatenate(z)) == pytest.approx(math.sqrt(2.0), rel=0.08)
@@ -273,7 +276,7 @@ def test_dpgdc2_sigma_raised_when_paper_sigma_does_not_fit():
     rng = np.random.default_rng(0)
     n = 256
     X, y = rng.normal(size=(n, 2)), rng.integers(0, 2, n)
-    est = DPGDC2(task="auc", epsilon=2.0, delta=1 / n, n_iter=3, seed=0)
+    est = DPGDC2(task="auc", epsilon=2.0, delta=1 / n, n_iter=3, seed=0, reproducible=True)
     with pytest.warns(RuntimeWarning, match="raised"):
         est.fit(X, y)
     paper = 4 * 4.0 * math.sqrt(1.25 * 3 * math.log(n)) / (n * 2.0)

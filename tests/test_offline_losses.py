@@ -1,5 +1,6 @@
 """Shared additions made for the offline algorithms: all-pairs loss/gradient, ℓ1 row clipping,
-and the calibration functions of SPEC §7 (checked against the formulas written out here)."""
+and each paper's calibration (``docs/algorithms.md``), checked against the formulas written out
+here."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from stream_dp.losses import (
     LogisticMetricLoss,
     Regularized,
 )
+from stream_dp.offline import huai, kang, li, pgd, xue, yang
 from stream_dp.privacy import mechanisms as mech
 from stream_dp.privacy.conversions import gaussian_delta_exact
 
@@ -66,7 +68,7 @@ def test_all_pairs_degenerate_sizes():
 
 
 def test_buffer_path_unchanged_for_auc_ties():
-    """The refactor keeps SPEC §2's behaviour: tied AUC pairs cost log 2 and have no gradient."""
+    """Tied AUC pairs (docs/algorithms.md, *Constants*) cost log 2 and have no gradient."""
     loss = LogisticAUCLoss()
     w, x = np.array([1.0, 2.0]), np.array([0.5, 0.5])
     X, Y = np.array([[0.0, 1.0], [1.0, 0.0]]), np.array([1.0, 1.0])
@@ -86,52 +88,52 @@ def test_clip_rows_l1_and_default_l2():
 
 
 # ------------------------------------------------------------------------------------------
-# Calibrations: SPEC §7's formulas, written out independently of stream_dp.privacy.mechanisms
+# Calibrations: the papers' formulas, written out independently of the code
 # ------------------------------------------------------------------------------------------
 G, ALPHA, N, EPS, DELTA = 4.004, 1e-3, 256, 0.8, 1 / 256
 
 
-def test_offpair_sigma_is_spec_formula():
-    sens = mech.offpair_sensitivity(G, ALPHA, N)
+def test_offpair_sigma_is_the_papers_formula():
+    sens = huai.offpair_sensitivity(G, ALPHA, N)
     sigma = mech.gaussian_sigma_classic_safe(sens, EPS, DELTA)
-    spec = math.sqrt(
+    paper = math.sqrt(
         128 * G**2 * math.log(N) ** 2 * math.log(1.25 / DELTA) / (ALPHA**2 * N**2 * EPS**2)
     )
-    assert sigma == pytest.approx(spec, rel=1e-12)
+    assert sigma == pytest.approx(paper, rel=1e-12)
 
 
 def test_dpgdsc_dpgdc_dpegd_formulas():
-    s = mech.gaussian_sigma_classic_safe(mech.dpgdsc_sensitivity(G, ALPHA, N), EPS, DELTA)
+    s = mech.gaussian_sigma_classic_safe(xue.dpgdsc_sensitivity(G, ALPHA, N), EPS, DELTA)
     assert s == pytest.approx(8 * math.sqrt(2 * math.log(1.25 / DELTA)) * G / (ALPHA * N * EPS))
-    b = mech.laplace_scale_from_l2(mech.dpgdsc_sensitivity(G, ALPHA, N), EPS, 64)
+    b = mech.laplace_scale_from_l2(xue.dpgdsc_sensitivity(G, ALPHA, N), EPS, 64)
     assert b == pytest.approx(8 * G * math.sqrt(64) / (ALPHA * N * EPS))
     eta, T = 0.3, 17
-    s = mech.gaussian_sigma_classic_safe(mech.dpgdc_sensitivity(G, eta, T, N), EPS, DELTA)
+    s = mech.gaussian_sigma_classic_safe(xue.dpgdc_sensitivity(G, eta, T, N), EPS, DELTA)
     assert s == pytest.approx(4 * math.sqrt(2 * math.log(1.25 / DELTA)) * G * T * eta / (N * EPS))
-    b = mech.laplace_scale_from_l2(mech.dpgdc_sensitivity(G, eta, T, N), EPS, 8)
+    b = mech.laplace_scale_from_l2(xue.dpgdc_sensitivity(G, eta, T, N), EPS, 8)
     assert b == pytest.approx(4 * G * eta * T * math.sqrt(8) / (N * EPS))
-    s = mech.gaussian_sigma_classic_safe(mech.dpegd_sensitivity(G, eta), EPS, DELTA)
+    s = mech.gaussian_sigma_classic_safe(xue.dpegd_sensitivity(G, eta), EPS, DELTA)
     assert s == pytest.approx(4 * math.sqrt(2 * math.log(1.25 / DELTA)) * G * eta / EPS)
 
 
 def test_gradient_perturbation_sigmas():
     T = 40
-    assert mech.dpgdc2_sigma(G, T, N, EPS, DELTA) == pytest.approx(
+    assert xue.dpgdc2_sigma(G, T, N, EPS, DELTA) == pytest.approx(
         4 * G * math.sqrt(1.25 * T * math.log(1 / DELTA)) / (N * EPS)
     )
-    assert mech.gradperturb_sigma(G, T, N, EPS, DELTA) == pytest.approx(
+    assert kang.gradperturb_sigma(G, T, N, EPS, DELTA) == pytest.approx(
         8 * G * math.sqrt(T * math.log(1 / DELTA)) / (N * EPS)
     )
-    assert mech.pairwise_gradient_sensitivity(G, N) == 4 * G / N
+    assert pgd.pairwise_gradient_sensitivity(G, N) == 4 * G / N
 
 
 def test_pairwise_sgd_sigma_is_e_times_eq5_for_T_at_least_n():
     eta, T = 0.01, 3 * N
-    spec_eq5 = (8 * eta**2 * G**2 * math.log(2.5 / DELTA) / EPS**2) * (
+    eq5 = (8 * eta**2 * G**2 * math.log(2.5 / DELTA) / EPS**2) * (
         T + 3 * T**2 * math.log(math.e * T) ** 2 * math.log(2 / DELTA) ** 2 / N**2
     )
-    sigma = mech.pairwise_sgd_sigma(G, eta, T, N, EPS, DELTA)
-    assert sigma**2 == pytest.approx(math.e * spec_eq5, rel=1e-12)
+    sigma = yang.pairwise_sgd_sigma(G, eta, T, N, EPS, DELTA)
+    assert sigma**2 == pytest.approx(math.e * eq5, rel=1e-12)
 
 
 def test_pairwise_sgd_sensitivity_small_T_uses_general_bound():
@@ -141,12 +143,12 @@ def test_pairwise_sgd_sensitivity_small_T_uses_general_bound():
     eq3 = T + math.log(math.e * T) ** 2 * (T / n + ell + math.sqrt(T * ell / n)) ** 2
     eq9 = T + 3 * T**2 * math.log(math.e * T) ** 2 * ell**2 / n**2
     assert eq3 > eq9
-    got = mech.pairwise_sgd_sensitivity(G, eta, T, n, delta)
+    got = yang.pairwise_sgd_sensitivity(G, eta, T, n, delta)
     assert got == pytest.approx(math.sqrt(4 * math.e * eta**2 * G**2 * eq3))
 
 
 def test_dppdml_scale_splits_epoch_budget_over_rows():
-    b = mech.dppdml_laplace_scale(kappa=3, clip=0.5, batch_size=50, n_rows=4, epsilon_epoch=0.5)
+    b = li.dppdml_laplace_scale(kappa=3, clip=0.5, batch_size=50, n_rows=4, epsilon_epoch=0.5)
     assert b == pytest.approx(3 * (2 * 0.5 / 50) * 4 / 0.5)
     assert 3 * (2 * 0.5 / 50) * 4 / b <= 0.5
 

@@ -64,21 +64,22 @@ def _stat(est, X, y):
     return stat, sens
 
 
+def _maker(cls, **params):
+    """``(task, seed) -> estimator``: the same secret on both neighbours (a reproducible run)."""
+    return lambda t, s: cls(**{"task": t, **params}, data_radius=R, seed=s, reproducible=True)
+
+
 OUTPUT_MAKERS = {
     # R = 0.6, α = 2 ⇒ T1 = max(⌈16(4R²+α)/α²⌉, 7) = 14 = n: use α = 4 so that T1 = 7 < n.
-    "OffPairStrC-paper": lambda t, s: OffPairStrC(task=t, alpha=4.0, data_radius=R, seed=s),
-    "OffPairStrC-certified": lambda t, s: OffPairStrC(
-        task=t, alpha=0.5, warmup=3, sensitivity="certified", data_radius=R, seed=s
-    ),
-    "OffPairC-certified": lambda t, s: OffPairC(
-        task=t, alpha=0.7, warmup=2, sensitivity="certified", data_radius=R, seed=s
-    ),
-    "OffPairC-paper": lambda t, s: OffPairC(task=t, alpha=4.0, data_radius=R, seed=s),
-    "DPGDSC": lambda t, s: DPGDSC(task=t, alpha=0.3, n_iter=40, data_radius=R, seed=s),
-    "DPGDC": lambda t, s: DPGDC(task=t, n_iter=25, eta=1.0, data_radius=R, seed=s),
-    "PairwiseSGD-l2": lambda t, s: PairwiseSGD(task=t, n_iter=40, eta=0.2, data_radius=R, seed=s),
-    "PairwiseSGD-nuclear": lambda t, s: PairwiseSGD(
-        task="metric", constraint="nuclear", n_iter=30, eta=0.3, data_radius=R, seed=s
+    "OffPairStrC-paper": _maker(OffPairStrC, alpha=4.0),
+    "OffPairStrC-certified": _maker(OffPairStrC, alpha=0.5, warmup=3, sensitivity="certified"),
+    "OffPairC-certified": _maker(OffPairC, alpha=0.7, warmup=2, sensitivity="certified"),
+    "OffPairC-paper": _maker(OffPairC, alpha=4.0),
+    "DPGDSC": _maker(DPGDSC, alpha=0.3, n_iter=40),
+    "DPGDC": _maker(DPGDC, n_iter=25, eta=1.0),
+    "PairwiseSGD-l2": _maker(PairwiseSGD, n_iter=40, eta=0.2),
+    "PairwiseSGD-nuclear": _maker(
+        PairwiseSGD, task="metric", constraint="nuclear", n_iter=30, eta=0.3
     ),
 }
 
@@ -109,7 +110,7 @@ def test_offpair_paper_bound_with_minimal_warmup_and_strong_alpha(task):
     """Lemma 4's regime where T1 is at its floor of 7 and α dominates: the bound still holds."""
     for seed in range(2):
         X, y = _dataset(task, seed)
-        est = OffPairStrC(task=task, alpha=16.0, data_radius=1.0, seed=seed)
+        est = OffPairStrC(task=task, alpha=16.0, data_radius=1.0, seed=seed, reproducible=True)
         w, sens = _stat(est, X, y)
         for _, X2, y2 in _neighbours(X, y, task, seed):
             assert np.linalg.norm(w - _stat(est, X2, y2)[0]) <= sens * (1 + TOL)
@@ -122,9 +123,9 @@ def test_dpegd_epoch_sensitivity(task, delta):
     same (noisy, keyed) start; the other parts' averages do not move at all."""
     for seed in range(5):
         X, y = _dataset(task, seed)
-        est = DPEGD(task=task, delta=delta, eta=0.9, data_radius=R, seed=seed)
+        est = DPEGD(task=task, delta=delta, eta=0.9, data_radius=R, seed=seed, reproducible=True)
         Xc, Y = est._prepare(X, y)
-        est.accountant = est._new_accountant()
+        est.budget_ = est._new_budget()
         noise = est._make_noise()
         _, epochs, C = est._run(Xc, Y, noise, add_noise=True)
         parts = est._partition(len(Y), noise)
@@ -147,7 +148,7 @@ def test_gradient_query_sensitivity_along_the_trajectory(cls, task):
     releases moves by at most 4G/n on any neighbour."""
     for seed in range(3):
         X, y = _dataset(task, seed)
-        est = cls(task=task, epsilon=1.0, delta=1e-3, n_iter=8, data_radius=R, seed=seed)
+        est = _maker(cls, epsilon=1.0, delta=1e-3, n_iter=8)(task, seed)
         est._keep_trace = True
         est.fit(X, y)
         sens = est.accountant.ledger[0].sensitivity
@@ -173,8 +174,9 @@ def test_dppdml_node_replacement_sensitivity(seed):
     n, d = 20, 3
     X, y = rng.normal(size=(n, d)), rng.integers(0, 2, n)
     pairs, labels = random_pair_graph(y, density=2.0, seed=seed)
-    est = DPPDML(epsilon=1.0, n_components=2, clip=0.3, batch_size=8, margin=1.5, seed=seed)
-    est.fit(X, pairs, labels)
+    est = DPPDML(epsilon=1.0, n_components=2, clip=0.3, batch_size=8, margin=1.5,
+                 pair_graph_public=True, seed=seed, reproducible=True)  # fmt: skip
+    est.fit(X, pairs=pairs, pair_labels=labels)
     sens = est.sensitivity_
     Xc, p, yl = est._prepare_pairs(X, pairs, labels)
     W = rng.normal(size=(2, d))
@@ -204,8 +206,9 @@ def test_dppdml_edge_replacement_with_appendix_kappa():
     n, d = 16, 3
     X, y = rng.normal(size=(n, d)), rng.integers(0, 2, n)
     pairs, labels = random_pair_graph(y, density=1.5, seed=2)
-    est = DPPDML(epsilon=1.0, n_components=3, clip=0.4, batch_size=6, kappa="appendix", seed=1)
-    est.fit(X, pairs, labels)
+    est = DPPDML(epsilon=1.0, n_components=3, clip=0.4, batch_size=6, kappa="appendix",
+                 pair_graph_public=True, seed=1, reproducible=True)  # fmt: skip
+    est.fit(X, pairs=pairs, pair_labels=labels)
     kappa, sens = est.kappa_, est.sensitivity_
     Xc, p, yl = est._prepare_pairs(X, pairs, labels)
     W = rng.normal(size=(3, d))
@@ -222,3 +225,32 @@ def test_dppdml_edge_replacement_with_appendix_kappa():
         g2 = loss.clip_rows(loss.per_pair_gradients(W, D2, y2), est.clip, norm=1)
         diff = float(np.abs(g1.sum(0) - g2.sum(0)).sum()) / est.batch_size
         assert diff <= sens * (1 + TOL)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dppdml_record_replacement_sensitivity_with_class_labels(seed):
+    """``fit(X, y)``: the model's own graph is the same on neighbouring datasets (it depends on
+    n and the secret only); replacing one record — its features and its class, hence the labels
+    of all its pairs — moves each batch gradient by ≤ the calibrated ℓ1 sensitivity."""
+    rng = np.random.default_rng(seed)
+    n, d = 24, 3
+    X, y = rng.normal(size=(n, d)), rng.integers(0, 3, n)
+    est = DPPDML(epsilon=1.0, n_components=2, clip=0.3, batch_size=8, margin=1.5,
+                 seed=seed, reproducible=True).fit(X, y)  # fmt: skip
+    sens = est.sensitivity_
+    Xc, p, yl = est._pairs_from_classes(X, y, est._make_noise())
+    W = rng.normal(size=(2, d))
+    worst = 0.0
+    for s in range(n):
+        for xs, ys in ((-X[s] * 5, (y[s] + 1) % 3), (rng.normal(size=d), (y[s] + 2) % 3)):
+            X2, y2 = X.copy(), y.copy()
+            X2[s], y2[s] = xs, ys
+            Xc2, p2, yl2 = est._pairs_from_classes(X2, y2, est._make_noise())
+            np.testing.assert_array_equal(p2, p)  # the graph does not look at the data
+            for batch in _batches(est, len(p), 1):
+                g1 = est._batch_gradient(W, Xc, p, yl, batch)[0]
+                g2 = est._batch_gradient(W, Xc2, p, yl2, batch)[0]
+                diff = float(np.abs(g1 - g2).sum())
+                assert diff <= sens * (1 + TOL)
+                worst = max(worst, diff / sens)
+    assert worst > 0

@@ -1,5 +1,6 @@
-"""Behaviour of the online private learners (SPEC §6): warm-up, step size, releases, exhaustion,
-smoothing, OnPairC's constants, checkpoints, bad input and label mapping."""
+"""Behaviour of the online private learners (Huai et al. 2020, Alg. 1–2; ``docs/algorithms.md``):
+warm-up, step size, releases, exhaustion, smoothing, OnPairC's constants, checkpoints, bad input
+and label mapping."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from stream_dp.constraints import L2Ball, PSDFrobeniusBall
+from stream_dp.huai import alpha_for_warmup
+from stream_dp.linalg import psd_sqrt
 from stream_dp.losses import Regularized, get_loss
 from stream_dp.online import OnPairC, OnPairStrC, PairwiseGIGA
-from stream_dp.online.interfaces import psd_sqrt
 from stream_dp.records import InvalidRecord, clip_norm
 
 __all__: list[str] = []
@@ -27,6 +29,11 @@ def _stream(seed: int, n: int, d: int = 3, task: str = "auc"):
     if task == "auc":
         return X, [bool(v) for v in rng.random(n) < 0.5]
     return X, [str(v) for v in rng.choice(["a", "b", "c"], size=n)]
+
+
+def _w(model) -> np.ndarray:
+    """The internal iterate, read the only way it leaves a learner: its checkpoint."""
+    return model.state_dict()["w"]
 
 
 def _feed(model, X, y, start: int = 0, stop: int | None = None) -> None:
@@ -57,34 +64,30 @@ def _assert_same_state(a, b) -> None:
 @pytest.mark.parametrize("task", ["auc", "metric"])
 @pytest.mark.parametrize("alpha,R", [(1.0, 1.0), (0.5, 1.0), (2.0, 0.5), (100.0, 1.0)])
 def test_T1_is_the_papers_warmup(task: str, alpha: float, R: float) -> None:
-    model = OnPairStrC(
-        task=task, alpha=alpha, data_radius=R, horizon=10**6, seed=0, reproducible=True
-    )
-    L = (4 * R**2 if task == "auc" else 4 * R**4) + alpha  # SPEC §2 with the regulariser
+    model = OnPairStrC(task=task, alpha=alpha, data_radius=R, horizon=10**6, features=3)
+    L = (4 * R**2 if task == "auc" else 4 * R**4) + alpha  # the loss's L with the regulariser
     assert model.T1 == max(math.ceil(16 * L / alpha**2), 7)
     assert f"T1={model.T1}" in model.describe()
-    assert OnPairStrC(task=task, alpha=alpha, warmup=3, seed=0, reproducible=True).T1 == 3
+    assert OnPairStrC(task=task, alpha=alpha, warmup=3, features=3).T1 == 3
 
 
 def test_horizon_inside_the_warmup_is_rejected() -> None:
     with pytest.raises(ValueError, match="T1"):
-        OnPairStrC(task="auc", alpha=1.0, horizon=80)  # T1 = 80 for R = α = 1
+        OnPairStrC(task="auc", alpha=1.0, horizon=80, features=3)  # T1 = 80 for R = α = 1
     with pytest.raises(ValueError):
-        OnPairStrC(task="auc", buffer="fifo:5", sensitivity="paper", horizon=500)
+        OnPairStrC(task="auc", buffer="fifo:5", sensitivity="paper", horizon=500, features=3)
 
 
 @pytest.mark.parametrize("task", ["auc", "metric"])
 @pytest.mark.parametrize("alg", [OnPairStrC, OnPairC])
 def test_each_step_is_projected_gradient_descent_with_huai_eta(alg, task: str) -> None:
     alpha, T1, n = 0.8, 6, 30
-    model = alg(
-        task=task, alpha=alpha, warmup=T1, horizon=n, buffer="fifo:7", seed=3, reproducible=True
-    )
+    model = alg(task=task, alpha=alpha, warmup=T1, horizon=n, buffer="fifo:7", features=3)
     X, y = _stream(1, n, task=task)
     C = L2Ball(1.0) if task == "auc" else PSDFrobeniusBall(1.0)
     for t in range(1, n + 1):
-        w_prev = None if model._w is None else model._w.copy()
-        Xb, Yb = (a.copy() for a in model._buffer.view())
+        before = model.state_dict()
+        w_prev, Xb, Yb = before["w"], before["buffer"]["X"], before["buffer"]["Y"]
         model.learn_one(X[t - 1], y[t - 1])
         if t <= T1:
             continue
@@ -92,16 +95,17 @@ def test_each_step_is_projected_gradient_descent_with_huai_eta(alg, task: str) -
         center = model.w0 if alg is OnPairC else None
         loss = Regularized(get_loss(task), alpha, center=center)
         x = clip_norm(np.asarray(X[t - 1], dtype=float), 1.0)
-        yv = (1.0 if y[t - 1] else -1.0) if task == "auc" else model._labels.codes[y[t - 1]]
+        codes = model.state_dict()["input"]["labels"]
+        yv = (1.0 if y[t - 1] else -1.0) if task == "auc" else codes[y[t - 1]]
         expected = C.project(w_prev - eta * loss.gradient(w_prev, x, yv, Xb, Yb))
-        np.testing.assert_allclose(model._w, expected, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(_w(model), expected, rtol=1e-12, atol=1e-15)
 
 
 # --- warm-up, predictions, exhaustion ----------------------------------------------------------
 
 
 def test_warmup_releases_are_free_random_and_data_independent() -> None:
-    kw = dict(task="auc", alpha=1.0, warmup=12, horizon=40, seed=5, reproducible=True)
+    kw = dict(task="auc", alpha=1.0, warmup=12, horizon=40, seed=5, reproducible=True, features=3)
     a, b = OnPairStrC(**kw), OnPairStrC(**kw)
     Xa, ya = _stream(2, 12)
     Xb, yb = _stream(3, 12)
@@ -119,13 +123,11 @@ def test_warmup_releases_are_free_random_and_data_independent() -> None:
 
 
 def test_auc_predictions_use_the_release_not_the_iterate() -> None:
-    model = OnPairStrC(
-        task="auc", alpha=1.0, warmup=5, horizon=50, buffer="fifo:6", seed=6, reproducible=True
-    )
+    model = OnPairStrC(task="auc", alpha=1.0, warmup=5, horizon=50, buffer="fifo:6", features=3)
     X, y = _stream(4, 30)
     _feed(model, X, y)
     w_rel = model.private_weights
-    assert not np.allclose(w_rel, model._w)  # otherwise the test could not tell them apart
+    assert not np.allclose(w_rel, _w(model))  # otherwise the test could not tell them apart
     for x in _stream(5, 10)[0] * 3:  # some test points exceed R and are clipped as in training
         score = float(w_rel @ clip_norm(x, 1.0))
         assert model.score_one(x) == pytest.approx(score, rel=1e-12)
@@ -134,13 +136,11 @@ def test_auc_predictions_use_the_release_not_the_iterate() -> None:
 
 
 def test_metric_predictions_use_the_release_not_the_iterate() -> None:
-    model = OnPairStrC(
-        task="metric", alpha=1.0, warmup=5, horizon=50, buffer=6, seed=7, reproducible=True
-    )
+    model = OnPairStrC(task="metric", alpha=1.0, warmup=5, horizon=50, buffer=6, features=3)
     X, y = _stream(6, 30, task="metric")
     _feed(model, X, y)
     W = model.private_weights
-    assert W.shape == (3, 3) and not np.allclose(W, model._w)
+    assert W.shape == (3, 3) and not np.allclose(W, _w(model))
     a, b = {"x0": 0.3, "x1": -0.2, "x2": 0.1}, {"x0": -0.1, "x1": 0.4, "x2": 0.0}
     d = np.array([0.4, -0.6, 0.1])
     assert model.distance(a, b) == pytest.approx(math.sqrt(max(d @ W @ d, 0.0)), rel=1e-9)
@@ -157,10 +157,9 @@ def test_smoothed_predictions_use_the_smoothed_release() -> None:
         warmup=5,
         horizon=50,
         buffer=6,
-        seed=8,
-        reproducible=True,
         smoothing_window=4,
         predict_with="smoothed",
+        features=3,
     )
     X, y = _stream(7, 30)
     _feed(model, X, y)
@@ -170,9 +169,7 @@ def test_smoothed_predictions_use_the_smoothed_release() -> None:
 
 
 def test_exhausted_learner_keeps_serving_its_last_release() -> None:
-    model = OnPairStrC(
-        task="auc", alpha=1.0, warmup=5, horizon=20, buffer=4, seed=9, reproducible=True
-    )
+    model = OnPairStrC(task="auc", alpha=1.0, warmup=5, horizon=20, buffer=4, features=3)
     X, y = _stream(8, 30)
     _feed(model, X, y, stop=20)
     last, ledger = model.private_weights, model.accountant.ledger
@@ -197,8 +194,9 @@ def test_exhausted_learner_keeps_serving_its_last_release() -> None:
 def test_release_every_k_releases_less_often_with_less_noise(k: int) -> None:
     n, T1 = 61, 8
     kw = dict(
-        task="auc", alpha=1.0, warmup=T1, horizon=n, buffer="fifo:6", seed=10, reproducible=True
-    )
+        task="auc", alpha=1.0, warmup=T1, horizon=n, buffer="fifo:6", seed=10, reproducible=True,
+        features=3,
+    )  # fmt: skip
     every, sparse = OnPairStrC(**kw), OnPairStrC(**kw, release_every=k)
     X, y = _stream(9, n)
     sigma_every = {}
@@ -208,7 +206,7 @@ def test_release_every_k_releases_less_often_with_less_noise(k: int) -> None:
         sparse.learn_one(X[t - 1], y[t - 1])
         sigma_every[t] = every.last_sigma
         # The iterate learns from every record, whatever the release schedule.
-        assert every._w.tobytes() == sparse._w.tobytes()
+        assert _w(every).tobytes() == _w(sparse).tobytes()
         if t <= T1:
             continue
         released = (t - T1) % k == 0 or t == n
@@ -226,8 +224,9 @@ def test_release_every_k_releases_less_often_with_less_noise(k: int) -> None:
 def test_smoothing_averages_the_last_releases_for_free() -> None:
     m, T1 = 5, 6
     kw = dict(
-        task="metric", alpha=1.0, warmup=T1, horizon=40, buffer="fifo:6", seed=11, reproducible=True
-    )
+        task="metric", alpha=1.0, warmup=T1, horizon=40, buffer="fifo:6", seed=11,
+        reproducible=True, features=3,
+    )  # fmt: skip
     plain, smooth = OnPairStrC(**kw), OnPairStrC(**kw, smoothing_window=m)
     X, y = _stream(10, 40, task="metric")
     learned = []
@@ -249,10 +248,11 @@ def test_smoothing_averages_the_last_releases_for_free() -> None:
 @pytest.mark.parametrize("task", ["auc", "metric"])
 def test_onpairc_constants_and_random_centre(task: str) -> None:
     n, R, D = 4096, 0.9, 1.3
-    model = OnPairC(task=task, horizon=n, data_radius=R, model_radius=D, seed=12, reproducible=True)
-    alpha = n**-0.25  # the theorem's order, the default
+    kw = dict(task=task, horizon=n, data_radius=R, model_radius=D, features=3)
+    model = OnPairC(**kw, seed=12, reproducible=True)
+    alpha = max(n**-0.25, alpha_for_warmup(L0 := 4 * R**2 if task == "auc" else 4 * R**4, n / 10))
     assert model.alpha_ == pytest.approx(alpha, rel=1e-12)
-    G0, L0 = (4 * R, 4 * R**2) if task == "auc" else (4 * R**2, 4 * R**4)
+    G0 = 4 * R if task == "auc" else 4 * R**2
     diam = 2 * D if task == "auc" else math.sqrt(2) * D
     c = model.constants
     assert c.lipschitz == pytest.approx(G0 + alpha * diam)
@@ -260,22 +260,22 @@ def test_onpairc_constants_and_random_centre(task: str) -> None:
     assert c.strong_convexity == pytest.approx(alpha)
     assert model.T1 == max(math.ceil(16 * (L0 + alpha) / alpha**2), 7)
     # w0 is drawn in C, from the secret only: two different first records, the same w0.
-    other = OnPairC(task=task, horizon=n, data_radius=R, model_radius=D, seed=12, reproducible=True)
+    other = OnPairC(**kw, seed=12, reproducible=True)
     X, y = _stream(13, 2, task=task)
     model.learn_one(X[0], y[0])
     other.learn_one(X[1] * 5, y[1])
     C = L2Ball(D) if task == "auc" else PSDFrobeniusBall(D)
     assert C.contains(model.w0)
     np.testing.assert_array_equal(model.w0, other.w0)
-    third = OnPairC(task=task, horizon=n, data_radius=R, model_radius=D, seed=13, reproducible=True)
+    third = OnPairC(**kw, seed=13, reproducible=True)
     third.learn_one(X[0], y[0])
     assert not np.array_equal(third.w0, model.w0)
 
 
 def test_onpairc_needs_alpha_without_a_horizon() -> None:
     with pytest.raises(ValueError, match="alpha"):
-        OnPairC(task="auc")
-    assert OnPairC(task="auc", alpha=0.5).alpha_ == 0.5
+        OnPairC(task="auc", features=3)
+    assert OnPairC(task="auc", alpha=0.5, features=3).alpha_ == 0.5
 
 
 # --- checkpoints --------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def test_onpairc_needs_alpha_without_a_horizon() -> None:
 @pytest.mark.parametrize("task,buffer", [("auc", "all"), ("metric", "reservoir:5")])
 def test_state_dict_round_trip_continues_bit_identically(alg, task: str, buffer: str) -> None:
     kw = dict(task=task, alpha=1.0, warmup=6, horizon=45, buffer=buffer, seed=14, reproducible=True,
-              smoothing_window=3, keep_history=False)  # fmt: skip
+              smoothing_window=3, keep_history=False, features=3)  # fmt: skip
     X, y = _stream(14, 45, task=task)
     a = alg(**kw)
     _feed(a, X, y, stop=17)
@@ -295,9 +295,9 @@ def test_state_dict_round_trip_continues_bit_identically(alg, task: str, buffer:
     for t in range(17, 45):
         a.learn_one(X[t], y[t])
         b.learn_one(X[t], y[t])
-        assert a._w.tobytes() == b._w.tobytes()
+        assert _w(a).tobytes() == _w(b).tobytes()
         assert a.private_weights.tobytes() == b.private_weights.tobytes()
-        assert a._tracker.current == b._tracker.current
+        assert a.last_sensitivity == b.last_sensitivity
     _assert_same_state(_learned(a), _learned(b))
     assert a.regret.cumulative == b.regret.cumulative
     other = OnPairC if alg is OnPairStrC else OnPairStrC
@@ -329,9 +329,7 @@ BAD_AUC = [
 
 @pytest.mark.parametrize("x,y", BAD_AUC)
 def test_bad_input_raises_and_leaves_state_and_ledger_untouched(x, y) -> None:
-    model = OnPairStrC(
-        task="auc", alpha=1.0, warmup=3, horizon=30, buffer=5, seed=15, reproducible=True
-    )
+    model = OnPairStrC(task="auc", alpha=1.0, warmup=3, horizon=30, buffer=5, features=("a", "b"))
     rng = np.random.default_rng(15)
     for _ in range(8):  # past the warm-up, so there is a ledger to protect
         model.learn_one(
@@ -365,7 +363,7 @@ def test_unknown_features_are_ignored_counted_and_never_change_the_schema() -> N
 @pytest.mark.parametrize("y", [None, float("nan"), ["list"]])
 def test_bad_metric_label_leaves_labels_untouched(y) -> None:
     model = OnPairStrC(
-        task="metric", alpha=1.0, warmup=3, horizon=30, buffer=5, seed=16, reproducible=True
+        task="metric", alpha=1.0, warmup=3, horizon=30, buffer=5, features=("a", "b")
     )
     model.learn_one({"a": 0.1, "b": 0.2}, "first")
     before = model.state_dict()
@@ -375,7 +373,11 @@ def test_bad_metric_label_leaves_labels_untouched(y) -> None:
 
 
 def test_a_rejected_first_record_does_not_fix_the_schema() -> None:
-    model = OnPairStrC(task="auc", alpha=1.0, warmup=3, horizon=30, seed=17, reproducible=True)
+    """Only the non-private baseline takes its schema from data (a private learner must be
+    given one), and a rejected record never fixes it."""
+    with pytest.raises(ValueError, match="declared schema"):
+        OnPairStrC(task="auc", alpha=1.0)
+    model = PairwiseGIGA(task="auc", alpha=1.0)
     with pytest.raises(InvalidRecord):
         model.learn_one({"a": 1.0, "zzz": 2.0}, "maybe")
     assert model.feature_names is None and model.step == 0
@@ -391,7 +393,8 @@ def test_a_rejected_first_record_does_not_fix_the_schema() -> None:
     [(1, 0), (1, -1), (1.0, 0.0), (1.0, -1.0), (np.int64(1), np.int64(0)), (np.True_, np.False_)],
 )
 def test_auc_labels_true_false_one_zero_plus_minus_one_are_the_same(pos, neg) -> None:
-    kw = dict(task="auc", alpha=1.0, warmup=4, horizon=30, buffer=6, seed=18, reproducible=True)
+    kw = dict(task="auc", alpha=1.0, warmup=4, horizon=30, buffer=6, seed=18, reproducible=True,
+              features=3)  # fmt: skip
     ref, other = OnPairStrC(**kw), OnPairStrC(**kw)
     X, y = _stream(18, 30)
     for t in range(30):
@@ -419,9 +422,10 @@ def test_private_release_ranks_pima(pima_split) -> None:
         release_every=50,
         smoothing_window=10,
         predict_with="smoothed",
+        track_regret=False,
+        features=Xtr.shape[1],
         seed=19,
         reproducible=True,
-        track_regret=False,
     )
     giga = PairwiseGIGA(task="auc", alpha=0.6, track_regret=False)
     with warnings.catch_warnings():

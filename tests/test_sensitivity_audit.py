@@ -6,13 +6,15 @@ stream in one record: placed first, at the end of the warm-up, at the first lear
 at random, and on the record the reservoir keeps longest; replaced by an extreme-norm record with
 a flipped label, a fresh random record, or the same features with the other label. Both streams
 run with the same secret seed. At every step the distance between the two internal iterates
-``_w`` must not exceed the certified bound ``_tracker.current`` (which must be identical for both
+(read from the learners' checkpoints) must not exceed the certified bound
+``mechanism.tracker.current`` (which must be identical for both
 streams: it is data-independent), and on every release step the sensitivity the noise was
 calibrated to (``last_sensitivity``) is that bound. For the full buffer with the paper's T1 the
 distance, and the certified bound itself, also stay below Huai et al.'s Lemma 4, ``8G/(αt)``.
 
 The section also checks the tracker's O(s) bookkeeping against the per-record recurrence of
-SPEC §4 written out naively, its ≈ 4G/(αt) asymptotics for the full buffer, and — as a negative
+``docs/privacy.md`` (*Certified sensitivity*) written out naively, its ≈ 4G/(αt) asymptotics
+for the full buffer, and — as a negative
 control showing that the audit can fail — that a reservoir buffer really does break the 1/t
 bound that holds for the full buffer.
 """
@@ -25,9 +27,10 @@ import numpy as np
 import pytest
 
 from stream_dp.buffers import make_buffer
-from stream_dp.online import OnPairC, OnPairStrC, huai_step_size
+from stream_dp.huai import huai_sensitivity, huai_step_size
+from stream_dp.online import OnPairC, OnPairStrC
 from stream_dp.privacy.noise import KeyedNoise
-from stream_dp.sensitivity import CertifiedSensitivity, huai_sensitivity
+from stream_dp.sensitivity import CertifiedSensitivity
 
 __all__: list[str] = []
 
@@ -68,6 +71,7 @@ def _make(alg, task: str, setup: Setup):
         seed=2024,
         reproducible=True,
         track_regret=False,
+        features=D_DIM,
     )
 
 
@@ -101,11 +105,12 @@ def _run(model, X, y, task: str) -> Trace:
     tr = Trace([], [], [], [], [])
     for i in range(len(y)):
         model.learn_one(X[i], _label(task, y[i]))
-        tr.w.append(model._w.copy())
-        tr.bound.append(model._tracker.current)
+        state = model.state_dict()
+        tr.w.append(state["w"])
+        tr.bound.append(model.mechanism.tracker.current)
         tr.sigma.append(model.last_sigma)
         tr.release.append(model.private_weights)
-        tr.ids.append(model._buffer.member_ids().copy())
+        tr.ids.append(state["buffer"]["ids"])
     return tr
 
 
@@ -171,9 +176,10 @@ def test_neighbouring_streams_never_exceed_the_calibrated_sensitivity(kind: str)
                 for i in range(setup.n):
                     t = i + 1
                     model.learn_one(X2[i], _label(task, y2[i]))
-                    bound = model._tracker.current
+                    bound = model.mechanism.tracker.current
                     assert bound == base.bound[i]  # data-independent, bit for bit
-                    dist = float(np.linalg.norm(model._w - base.w[i]))
+                    w = model.state_dict()["w"]
+                    dist = float(np.linalg.norm(w - base.w[i]))
                     assert dist <= bound * (1 + RTOL), (alg.__name__, task, pos, t, dist, bound)
                     if t <= T1:
                         # Warm-up: the iterate and the release are data-independent.
@@ -190,7 +196,7 @@ def test_neighbouring_streams_never_exceed_the_calibrated_sensitivity(kind: str)
                         huai = huai_sensitivity(c.lipschitz, c.strong_convexity, t)
                         assert dist <= huai
                         assert bound <= huai * (1 + RTOL)
-                moved += bool(np.any(model._w != base.w[-1]))
+                moved += bool(np.any(model.state_dict()["w"] != base.w[-1]))
     assert n_neighbours >= 200
     # Most neighbours really move the iterate (a record evicted from a FIFO during the warm-up,
     # or a last record, may not): the audit is not comparing streams with themselves.
@@ -206,7 +212,7 @@ def test_neighbouring_streams_never_exceed_the_calibrated_sensitivity(kind: str)
 def _naive_bound(
     buffer_spec: str, etas: list[float], alpha: float, L: float, G: float, diam: float
 ) -> list[float]:
-    """SPEC §4 verbatim: Δ_t(i) for every record i, maximised over i at every step."""
+    """The recurrence verbatim: Δ_t(i) for every record i, maximised over i at every step."""
     buf = make_buffer(buffer_spec)
     buf.bind(1)
     noise = KeyedNoise(secret=77)
@@ -217,7 +223,7 @@ def _naive_bound(
         if len(ids) == 0:
             delta[t] = 0.0  # no partner, no gradient: the new record did not move w
         else:
-            q = max(abs(1 - eta * alpha), abs(1 - eta * L))  # SPEC §4, not the module's helper
+            q = max(abs(1 - eta * alpha), abs(1 - eta * L))  # written out, not the module's helper
             mult = {
                 int(r): int(m) for r, m in zip(*np.unique(ids, return_counts=True), strict=True)
             }
@@ -236,13 +242,16 @@ def _tracked_bound(
     buf = make_buffer(buffer_spec)
     buf.bind(1)
     noise = KeyedNoise(secret=77)
-    tracker = CertifiedSensitivity(G, alpha, L, diam, shared_members=buf.kind == "all")
+    tracker = CertifiedSensitivity(
+        G, alpha, L, diam, shared_members=buf.kind == "all", distinct=buf.distinct
+    )
     out = []
     for t, eta in enumerate(etas, start=1):
         ids = None if buf.distinct else buf.member_ids()
         out.append(tracker.step(eta, len(buf), ids))
         written = buf.add(np.zeros(1), 1.0, t, noise)
-        tracker.admit(written, t, None if buf.distinct else buf.member_ids())
+        slots, olds = [s for s, _ in written], [o for _, o in written]
+        tracker.admit(slots, olds, None if buf.distinct else buf.member_ids())
     return out
 
 
@@ -271,12 +280,12 @@ def test_full_buffer_bound_is_about_half_of_lemma_4() -> None:
     scaled = []
     for t in range(1, 20_001):
         if t <= T1:
-            tracker.new_bound = 0.0
+            tracker.skip()
         else:
-            bound = tracker.step(huai_step_size(t, alpha), t - 1, None)
+            bound = tracker.step(huai_step_size(t, alpha), t - 1)
             assert bound <= huai_sensitivity(G, alpha, t)
             scaled.append(bound * alpha * t / G)
-        tracker.admit([(t - 1, -1)], t)
+        tracker.admit([t - 1], [-1])
     assert scaled[-1] == pytest.approx(4.0, rel=2e-3)
     assert max(scaled) < 8.0
 
@@ -294,6 +303,7 @@ def test_reservoir_persistence_breaks_the_one_over_t_bound() -> None:
         return OnPairStrC(
             task="auc", epsilon=1.0, delta=1e-5, horizon=n, alpha=1.0, warmup=10,
             buffer=f"reservoir:{s}", seed=0, reproducible=True, track_regret=False,
+            features=D_DIM,
         )  # fmt: skip
 
     base = _run(make(), X, y, "auc")
@@ -305,8 +315,8 @@ def test_reservoir_persistence_breaks_the_one_over_t_bound() -> None:
     exceeded = 0
     for i in range(n):
         model.learn_one(X2[i], bool(y2[i]))
-        dist = float(np.linalg.norm(model._w - base.w[i]))
-        assert dist <= model._tracker.current * (1 + RTOL)
+        dist = float(np.linalg.norm(model.state_dict()["w"] - base.w[i]))
+        assert dist <= model.mechanism.tracker.current * (1 + RTOL)
         if i + 1 > 10 and dist > huai_sensitivity(c.lipschitz, c.strong_convexity, i + 1):
             exceeded += 1
     assert exceeded > 50

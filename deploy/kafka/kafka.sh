@@ -8,20 +8,21 @@
 #
 # `start` prints the bootstrap address (host:port) on stdout and nothing else, so
 # `BOOTSTRAP=$(kafka.sh start)` works. Diagnostics go to stderr. RUNDIR (default
-# deploy/kafka/run/) receives server.properties, the data directory, server.log, kafka.out,
-# kafka.pid and bootstrap. Starting again on an existing RUNDIR reuses its ports, cluster id and
-# data, which is how tests simulate a broker outage and recovery.
+# $STREAM_DP_KAFKA_DIR, else ${XDG_STATE_HOME:-~/.local/state}/stream-dp/kafka: outside the work
+# tree, since the broker's data holds records) receives server.properties, the data directory,
+# server.log, kafka.out, kafka.pid and bootstrap. Starting again on an existing RUNDIR reuses its
+# ports, cluster id and data, which is how tests simulate a broker outage and recovery.
 #
 # Environment: JAVA (java binary), PYTHON (interpreter with kafka-python, used for the
 # readiness check), KAFKA_HEAP_OPTS (default "-Xms256m -Xmx512m"), KAFKA_JVM_OPTS (extra flags),
-# MVN (maven binary).
+# MVN (maven binary), STREAM_DP_KAFKA_DIR (default RUNDIR).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LIB_DIR="$SCRIPT_DIR/lib"
 TEMPLATE="$SCRIPT_DIR/server.properties.template"
 LOG4J_CONFIG="$SCRIPT_DIR/log4j2.properties"
-DEFAULT_RUNDIR="$SCRIPT_DIR/run"
+DEFAULT_RUNDIR="${STREAM_DP_KAFKA_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/stream-dp/kafka}"
 PYTHON="${PYTHON:-python3}"
 MVN="${MVN:-mvn}"
 HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}"
@@ -134,7 +135,7 @@ parse_common() {
     done
     # Only `start` may create the run directory; stop/status on a typo'd path should not.
     if [[ "$CREATE_RUNDIR" == 1 ]]; then
-        mkdir -p "$RUNDIR"
+        mkdir -p "$RUNDIR" && chmod 700 "$RUNDIR" # the broker's data holds the records
     fi
     RUNDIR_EXISTS=0
     if [[ -d "$RUNDIR" ]]; then

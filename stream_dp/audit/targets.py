@@ -8,20 +8,20 @@ run's ledger claims (:class:`LedgerClaim`).
 
 Adding a learner
 ----------------
-An online learner with ``learn_one``, ``private_weights`` and ``accountant`` needs one entry in
-:data:`ONLINE_LEARNERS`; an offline learner with ``fit(X, y)`` in :mod:`stream_dp.offline` is
-found by itself. A learner whose noise is not drawn by one :class:`KeyedNoise` per model also
-needs a branch in :func:`_install_noise`, the one function that reaches into a learner.
+An online learner with ``learn_one``, ``private_weights``, ``accountant`` and a ``noise_source``
+constructor argument needs one entry in :data:`ONLINE_LEARNERS` (the design's settings it does
+not take are left out); an offline learner with ``fit(X, y)`` in :mod:`stream_dp.offline` is
+found by itself. :func:`_build` is the one function that sets a learner's noise.
 
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import math
-import pickle
 
 import numpy as np
 
@@ -45,50 +45,70 @@ __all__ = [
 ONLINE_LEARNERS: dict[str, str] = {
     "onpairstrc": "stream_dp.online:OnPairStrC",
     "onpairc": "stream_dp.online:OnPairC",
+    "onpairmf": "stream_dp.online:OnPairMF",
 }
 ONLINE_ALGORITHMS = tuple(ONLINE_LEARNERS)
 
 
-# -- the noise hook (the only place the audit touches a learner's internals) ----------------------
-class _WeakenedReleaseNoise(KeyedNoise):
-    """TEST ONLY — scales the noise of every *release* by ``multiplier`` while the ledger keeps
-    charging the nominal σ: it simulates an implementation bug so that tests can check the audit
-    has power. It is never reachable from a learner's parameters, a config file or the engine;
-    only :func:`_install_noise` installs it, and only when asked for a multiplier other than 1."""
+# -- the noise hook (the only place the audit sets a learner's noise) -----------------------------
+#: Purposes whose noise protects a release (output noise, gradient noise): the ones weakened.
+_PROTECTING = ("release", "gradient")
+
+
+class _WeakenedNoise(KeyedNoise):
+    """TEST ONLY — scales every draw that protects a release (:data:`_PROTECTING`: output noise
+    and gradient noise, also correlated gradient noise, whose rows are linear in these draws) by
+    ``multiplier`` while the ledger keeps charging the nominal σ: it simulates an implementation
+    bug so that tests can check the audit has power. Only :func:`_build` passes it, and only
+    when asked for a multiplier other than 1; a learner given any noise source marks all it
+    publishes non-private."""
 
     def __init__(self, secret: int, model_id: str, multiplier: float) -> None:
         super().__init__(secret, model_id)
         self.multiplier = float(multiplier)
 
     def gaussian(self, step, shape, sigma, purpose="release"):
-        if purpose == "release":
+        if purpose in _PROTECTING:
             sigma = sigma * self.multiplier
         return super().gaussian(step, shape, sigma, purpose)
 
     def laplace(self, step, shape, scale, purpose="release"):
-        if purpose == "release":
+        if purpose in _PROTECTING:
             scale = scale * self.multiplier
         return super().laplace(step, shape, scale, purpose)
 
+    def generator(self, step, purpose="release"):
+        # Raw generators cannot be scaled: a learner that draws protecting noise through one
+        # would run unweakened and the audit would report on the wrong variant.
+        if purpose in _PROTECTING:
+            raise NotImplementedError(
+                f"the {purpose!r} noise is drawn from a raw generator here; the audit cannot "
+                "weaken it (models of more than 32 768 values, or a learner drawing its own)"
+            )
+        return super().generator(step, purpose)
 
-def _install_noise(model, secret: int, multiplier: float) -> None:
-    """Key ``model``'s noise with the trial's ``secret``; scale its release noise by
-    ``multiplier`` (≠ 1: the test-only variant).
 
-    The one place the audit reaches into a learner: online learners hold one
-    :class:`KeyedNoise` in ``_noise`` (replaced before the first record, so the learner binds
-    its fast path to it exactly as to its own), offline learners build theirs in
-    ``_make_noise()`` at each ``fit``. Once learners take the noise as a constructor-level
-    collaborator, this becomes that argument.
+def _build(cls: type, params: dict, secret: int, multiplier: float):
+    """A learner ``cls(**params)`` keyed by the trial's ``secret``, its protecting noise scaled
+    by ``multiplier`` (≠ 1: the test-only variant).
+
+    The one place the audit sets a learner's noise. Online learners take the noise source as a
+    constructor argument (``noise_source``, called with the seed and model id); at
+    ``multiplier == 1`` none is passed, so the honest audit runs the production object — its
+    own :class:`KeyedNoise` and compiled path. Offline estimators have no such argument yet:
+    their ``_make_noise()``, called at each ``fit``, is replaced on this instance only.
     """
-    if multiplier == 1.0:
-        noise = KeyedNoise(secret, model.model_id)
-    else:
-        noise = _WeakenedReleaseNoise(secret, model.model_id, multiplier)
-    if hasattr(model, "_make_noise"):
-        model._make_noise = lambda: noise  # this instance only
-    else:
-        model._noise = noise
+    source = None if multiplier == 1.0 else functools.partial(_WeakenedNoise, multiplier=multiplier)
+    if "noise_source" in inspect.signature(cls.__init__).parameters:
+        return cls(**params, seed=secret, noise_source=source)
+    model = cls(**params, seed=secret)
+    if source is not None:
+        if not hasattr(model, "_make_noise"):
+            raise ValueError(
+                f"{cls.__name__} draws its noise elsewhere: no noise_multiplier for it"
+            )
+        model._make_noise = lambda: source(secret, model.model_id)
+    return model
 
 
 def _check_multiplier(noise_multiplier: float) -> float:
@@ -181,41 +201,51 @@ class AuditTarget:
         return ledger_claim(self._run(with_canary, secret)[1])
 
 
+def _accepted(cls: type, params: dict) -> dict:
+    """The entries of ``params`` that ``cls``'s constructor takes."""
+    accepted = set(inspect.signature(cls.__init__).parameters)
+    return {k: v for k, v in params.items() if k in accepted}
+
+
 class _OnlineTarget(AuditTarget):
     def __init__(self, cls, design, epsilon, delta, multiplier, learner_params) -> None:
-        params = dict(
-            task=design.task,
-            epsilon=epsilon,
-            delta=delta,
-            horizon=design.length,
-            alpha=design.alpha,
-            warmup=1,
-            data_radius=design.data_radius,
-            model_radius=design.model_radius,
-            seed=0,
-            reproducible=True,  # trials re-key the noise from the audit's own seed (never private)
-            model_id="audit",
-            track_regret=False,
+        # Whichever of these the learner takes: OnPairStrC/OnPairC all of them; OnPairMF (no
+        # regulariser, no warm-up: its one charge precedes step 1) all but alpha and warmup.
+        params = _accepted(
+            cls,
+            dict(
+                task=design.task,
+                epsilon=epsilon,
+                delta=delta,
+                horizon=design.length,
+                alpha=design.alpha,
+                warmup=1,
+                data_radius=design.data_radius,
+                model_radius=design.model_radius,
+                reproducible=True,  # each trial's seed comes from the audit's seed: not private
+                model_id="audit",
+                track_regret=False,
+                features=design.dim,
+            ),
         )
         params.update(learner_params)
-        template = cls(**params)
-        # A fresh copy of the configured (untrained) learner per trial: the object
-        # ``cls(**params, seed=secret)`` builds, without re-deriving ρ each trial.
-        self._blob = pickle.dumps(template)
+        template = _build(cls, params, 0, multiplier)  # checks the configuration once
+        self._cls = cls
+        self._params = params
         self._streams = {w: design.stream(w) for w in (False, True)}
         self._probe = design.probe.ravel()
         self.algorithm = cls.__name__.lower()
         self.design = design
         self.noise_multiplier = multiplier
-        self.description = (
-            f"{type(template).__name__}(task={design.task}, ε={epsilon}, δ={delta}, "
-            f"horizon={design.length}, warmup=1, α={design.alpha:.3g}, "
-            f"sensitivity={template.sensitivity}, conversion={template.conversion})"
+        shown = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in params.items()
+            if k not in ("reproducible", "model_id", "track_regret", "features")
         )
+        self.description = f"{cls.__name__}({shown}); {template.mechanism.describe()}"
 
     def _run(self, with_canary: bool, secret: int) -> tuple[np.ndarray, object]:
-        learner = pickle.loads(self._blob)
-        _install_noise(learner, secret, self.noise_multiplier)
+        learner = _build(self._cls, self._params, secret, self.noise_multiplier)
         stream = self._streams[with_canary]
         out = np.empty(len(stream))
         for i, (x, y) in enumerate(stream):
@@ -226,7 +256,6 @@ class _OnlineTarget(AuditTarget):
 
 class _OfflineTarget(AuditTarget):
     def __init__(self, cls, design, epsilon, delta, multiplier, params) -> None:
-        accepted = set(inspect.signature(cls.__init__).parameters)
         base = dict(
             task=design.task,
             epsilon=epsilon,
@@ -238,13 +267,9 @@ class _OfflineTarget(AuditTarget):
             sensitivity="certified",
             model_id="audit",
         )
-        base = {k: v for k, v in base.items() if k in accepted}
-        self._repro = {"reproducible": True} if "reproducible" in accepted else {}
+        base = _accepted(cls, {**base, "reproducible": True})
         base.update(params)
-        if multiplier != 1.0 and not hasattr(cls, "_make_noise"):
-            raise ValueError(
-                f"{cls.__name__} draws its noise elsewhere: no noise_multiplier for it"
-            )
+        _build(cls, base, 0, multiplier)  # checks the configuration once
         self._cls = cls
         self._base = base
         self._data = {w: design.dataset(w) for w in (False, True)}
@@ -253,14 +278,14 @@ class _OfflineTarget(AuditTarget):
         self.design = design
         self.noise_multiplier = multiplier
         shown = ", ".join(
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in base.items()
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in base.items()
+            if k != "reproducible"
         )
         self.description = f"{cls.__name__}({shown})"
 
     def _run(self, with_canary: bool, secret: int) -> tuple[np.ndarray, object]:
-        model = self._cls(**self._base, seed=secret, **self._repro)
-        if self.noise_multiplier != 1.0:
-            _install_noise(model, secret, self.noise_multiplier)
+        model = _build(self._cls, self._base, secret, self.noise_multiplier)
         X, y = self._data[with_canary]
         model.fit(X, y)
         w = np.asarray(model.private_weights).ravel()

@@ -1,11 +1,25 @@
 """Run the streaming engine on a TOML config (``stream-dp run --config FILE``).
 
 The engine reads records from the configured source (Kafka, JSONL or CSV), learns them with a
-private learner, publishes every release to the release sink with its privacy ledger, sends bad
-input to the dead-letter sink with its reason, and checkpoints so that a crash loses nothing and
-never spends privacy twice. SIGTERM or Ctrl-C checkpoints and exits cleanly.
+private learner on the declared schema, publishes every release to the release sink with its
+privacy ledger, sends bad input to the dead-letter sink with its reason, and checkpoints so that
+a crash loses nothing and never publishes two different releases of one step. SIGTERM or
+Ctrl-C commits and exits cleanly.
 
-Exit codes: 0 done, 2 invalid config, 3 refused to start (state problem), 1 other errors.
+Exit codes:
+
+* 0 -- done (input ended, --max-records reached, or stopped by SIGTERM/Ctrl-C);
+* 1 -- unexpected error (the traceback only with --debug);
+* 2 -- invalid configuration: a field, no declared schema (``model.features``), model
+  settings, or releases too large for the release sink;
+* 3 -- refused because of the model's state: the state directory is in use by another engine,
+  the checkpoint is missing, damaged, older than what was published or of another run, or
+  another run of the model has published;
+* 4 -- Kafka unreachable or misconfigured at start (address, TLS/SASL, missing input topic or
+  partition), or unreachable for longer than ``kafka.outage_deadline_seconds``;
+* 5 -- fenced: another instance of this model took over.
+
+Every error is one line on stderr.
 """
 
 from __future__ import annotations
@@ -14,8 +28,21 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 
-__all__ = ["add_arguments", "main", "dry_run"]
+__all__ = ["add_arguments", "configure_logging", "dry_run", "main", "one_line_errors"]
+
+log = logging.getLogger("stream_dp.engine")
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--verbose`` and ``--debug``, shared by run, produce and watch."""
+    parser.add_argument(
+        "--verbose", action="store_true", help="also show the Kafka client's INFO messages"
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (for bug reports)"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,25 +50,91 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate the config, print T1, the noise (σ) schedule and the budget plan, exit",
+        help="validate the config, print T1, the noise (σ) schedule, the budget plan and the "
+        "release size, and exit without touching Kafka",
     )
     parser.add_argument(
         "--fresh",
         action="store_true",
-        help="start a NEW model with a new budget even though state exists (the old "
-        "checkpoint is kept aside); without it the engine never resets a ledger",
+        help="start a NEW run of the model with a new budget although it existed (its files are "
+        "kept aside; it continues after the input consumed so far); without it the engine never "
+        "resets a ledger",
     )
     parser.add_argument(
         "--max-records", type=int, default=None, help="stop after this many input messages"
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    add_common_arguments(parser)
     parser.set_defaults(func=main)
+
+
+class _KafkaChatter(logging.Filter):
+    """At most one kafka-python line per logger and minute (unless ``--verbose``).
+
+    Through an outage kafka-python logs every failed reconnect, several a second; the engine
+    says itself, once, since when the broker is unreachable and when it is back.
+    """
+
+    def __init__(self, every: float = 60.0) -> None:
+        super().__init__()
+        self.every = every
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("kafka"):
+            return True
+        if "ProducerFenced" in record.getMessage():
+            return False  # the engine reports being fenced itself, in one line
+        last = self._last.get(record.name)
+        if last is not None and record.created - last < self.every:
+            return False
+        self._last[record.name] = record.created
+        return True
+
+
+def configure_logging(level: str = "INFO", verbose: bool = False) -> None:
+    """The engine's log format; the Kafka client from WARNING, rate-limited, unless ``verbose``."""
+    logging.basicConfig(
+        level=getattr(logging, str(level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kafka").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            if not any(isinstance(f, _KafkaChatter) for f in handler.filters):
+                handler.addFilter(_KafkaChatter())
+
+
+def one_line_errors(
+    command: str, debug: bool, codes: dict[type[BaseException], int], fn: Callable[[], int]
+) -> int:
+    """Run ``fn``; turn an exception into one stderr line and an exit code.
+
+    ``codes`` maps exception types (checked in order) to exit codes; anything else is 1. With
+    ``debug`` the exception propagates (its traceback is the point).
+    """
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        print(f"stream-dp {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        code = next((c for t, c in codes.items() if isinstance(exc, t)), 1)
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if code == 1:
+            text = f"unexpected {type(exc).__name__}: {text} (run with --debug for the traceback)"
+        print(f"stream-dp {command}: {text}", file=sys.stderr)
+        return code
 
 
 def dry_run(config) -> str:
     """The plan an operator should read before the first record: T1, σ_t, ρ per release."""
+    from stream_dp.engine.preflight import release_size
     from stream_dp.engine.runner import build_learner
 
+    size, limit = release_size(config)
     learner = build_learner(config)
     first = learner.T1 + learner.release_every
     if learner.horizon is not None:
@@ -50,12 +143,20 @@ def dry_run(config) -> str:
     if learner.horizon is not None:
         steps = sorted({s for s in steps if s <= learner.horizon} | {learner.horizon})
     plan = learner.noise_plan(steps)
+    m = config.model
+    where = (
+        f"the release topic accepts {limit:,} (releases.max_request_size)"
+        if limit is not None
+        else f"the {config.releases.kind} sink has no size limit"
+    )
     lines = [
-        f"model {config.model.model_id}: {config.model.algorithm} task={config.model.task}",
+        f"model {m.model_id}: {m.algorithm} task={m.task}, {len(m.features)} declared features"
+        + ("" if not m.reproducible else " — NOT PRIVATE (reproducible seed)"),
         learner.describe(),
-        f"ρ budget {learner.accountant.rho_budget:.6g} for (ε={learner.epsilon}, "
+        f"ρ budget {learner.budget.limit:.6g} for (ε={learner.epsilon}, "
         f"δ={learner.delta}) with the {learner.conversion} conversion",
-        f"schedule: {learner._schedule!r}; release every {learner.release_every} step(s)",
+        f"schedule: {learner.mechanism.schedule!r}; release every {learner.release_every} step(s)",
+        f"release message: at most {size:,} bytes; {where}",
         "",
         f"{'step':>10} {'sensitivity':>12} {'σ per coord':>12} {'ρ this release':>15}",
     ]
@@ -66,37 +167,51 @@ def dry_run(config) -> str:
     return "\n".join(lines)
 
 
-def main(args: argparse.Namespace) -> int:
+def _codes() -> dict[type[BaseException], int]:
     from stream_dp.checkpoint import CheckpointError
-    from stream_dp.engine.config import ConfigError, load_config
-    from stream_dp.engine.runner import Engine, EngineError
+    from stream_dp.engine.config import ConfigError
+    from stream_dp.engine.preflight import ReleaseTooLarge
+    from stream_dp.engine.runner import EngineError
+    from stream_dp.privacy.accountant import JournalError
 
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    try:
+    return {
+        ConfigError: 2,
+        ReleaseTooLarge: 2,
+        EngineError: 3,  # refined by exit_code below
+        CheckpointError: 3,
+        JournalError: 3,
+        OSError: 3,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, getattr(args, "verbose", False))
+    codes = _codes()
+
+    def run() -> int:
+        from stream_dp.engine.config import ConfigError, load_config
+        from stream_dp.engine.preflight import ReleaseTooLarge
+        from stream_dp.engine.runner import Engine, EngineError
+
         config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"stream-dp run: {exc}", file=sys.stderr)
-        return 2
-    if args.dry_run:
         try:
-            print(dry_run(config))
-        except ValueError as exc:
-            print(f"stream-dp run: invalid model settings: {exc}", file=sys.stderr)
-            return 2
+            if args.dry_run:
+                print(dry_run(config))
+                return 0
+            engine = Engine(config, fresh=args.fresh, max_records=args.max_records)
+        except ReleaseTooLarge:
+            raise
+        except ValueError as exc:  # settings the learner refuses
+            raise ConfigError(f"invalid model settings: {exc}") from None
+        try:
+            stats = engine.run()
+        except EngineError as exc:
+            if getattr(args, "debug", False):
+                raise
+            print(f"stream-dp run: {' '.join(str(exc).split())}", file=sys.stderr)
+            return exc.exit_code
+        eps, delta = engine.learner.accountant.spent()
+        print(json.dumps({**stats.to_dict(), "epsilon_spent": eps, "delta": delta}))
         return 0
-    try:
-        engine = Engine(config, fresh=args.fresh, max_records=args.max_records)
-    except ValueError as exc:
-        print(f"stream-dp run: invalid model settings: {exc}", file=sys.stderr)
-        return 2
-    try:
-        stats = engine.run()
-    except (EngineError, CheckpointError) as exc:
-        print(f"stream-dp run: refusing to start: {exc}", file=sys.stderr)
-        return 3
-    eps, delta = engine.learner.accountant.spent()
-    print(json.dumps({**stats.to_dict(), "epsilon_spent": eps, "delta": delta}))
-    return 0
+
+    return one_line_errors("run", getattr(args, "debug", False), codes, run)

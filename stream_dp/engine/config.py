@@ -1,7 +1,9 @@
 """The engine's configuration: a TOML file validated by pydantic.
 
 Every field is explicit; an unknown or ill-typed field is an error that names it, so a typo can
-never silently fall back to a default that changes the privacy guarantee.
+never silently fall back to a default that changes the privacy guarantee. Relative paths
+(checkpoint, status and file sources/sinks) are relative to the directory of the config file,
+so a config and its state stay together wherever the engine is started from.
 
 Example (``deploy/engine.example.toml`` is a complete one)::
 
@@ -12,6 +14,7 @@ Example (``deploy/engine.example.toml`` is a complete one)::
     delta = 1e-5
     alpha = 1.0
     buffer = 256
+    features = ["age", "income", "balance"]   # required: the schema is public and fixed
 
     [source]
     kind = "kafka"
@@ -32,6 +35,9 @@ Example (``deploy/engine.example.toml`` is a complete one)::
     [checkpoint]
     path = "state/model.ckpt"
 
+    [kafka]
+    outage_deadline_seconds = 3600             # default: ride out outages of any length
+
 """
 
 from __future__ import annotations
@@ -40,17 +46,26 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
-    "ConfigError",
-    "ModelConfig",
-    "SourceConfig",
-    "SinkConfig",
     "CheckpointConfig",
-    "StatusConfig",
+    "ConfigError",
     "EngineConfig",
+    "KafkaConfig",
+    "ModelConfig",
+    "SinkConfig",
+    "SourceConfig",
+    "StatusConfig",
     "load_config",
+    "same_cluster",
 ]
 
 
@@ -84,24 +99,69 @@ class ModelConfig(_Strict):
     warmup: int | None = Field(None, ge=1)
     sensitivity: Literal["certified", "paper"] = "certified"
     anytime_p: float = Field(1.1, gt=1)
-    features: list[str] | None = None
-    model_id: str = Field("stream-dp", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    features: list[str] | None = Field(
+        None,
+        description="The schema: feature names in model order. Required by the engine (the "
+        "privacy analysis treats the schema as public, so it cannot come from the data). "
+        "Unknown features in a record are ignored and counted, missing ones are 0.",
+    )
+    model_id: str = Field("stream-dp", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
     seed: int | None = Field(
         None,
         ge=0,
-        description="Noise secret. Leave unset in production: drawn from the OS on the first "
-        "start and kept in the checkpoint. A value needs reproducible = true.",
+        description="Noise secret. Leave unset: drawn from the OS (128 bits) on the first start "
+        "and kept in the checkpoint. A fixed seed makes every release reproducible, hence "
+        "NOT private; it needs reproducible = true.",
     )
     reproducible: bool = Field(
-        False, description="Accept an explicit seed: the run and its releases are NOT private."
+        False,
+        description="Declare the run non-private (a fixed, guessable seed): every release "
+        "message then says private = false.",
     )
 
+    @field_validator("features")
+    @classmethod
+    def _check_features(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("features must name at least one feature")
+        if len(set(value)) != len(value):
+            dup = sorted({f for f in value if value.count(f) > 1})
+            raise ValueError(f"features must be unique; repeated: {dup[:5]}")
+        for name in value:
+            if not name:
+                raise ValueError("feature names must be non-empty")
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"feature name {name!r} is not valid Unicode text") from None
+        return value
+
+    @model_validator(mode="after")
+    def _seed_needs_reproducible(self) -> ModelConfig:
+        if self.seed is not None and not self.reproducible:
+            raise ValueError(
+                "a fixed seed makes the noise guessable and the run NOT private; remove seed "
+                "(the secret is drawn from the OS), or set reproducible = true to declare the "
+                "run non-private"
+            )
+        return self
+
     def learner_kwargs(self) -> dict[str, Any]:
-        kw = self.model_dump(exclude={"algorithm"})
+        """Keyword arguments of the learner this section describes."""
+        import inspect
+
+        from stream_dp.online import OnPairC, OnPairStrC
+
+        cls = {"OnPairStrC": OnPairStrC, "OnPairC": OnPairC}[self.algorithm]
+        kw = self.model_dump(exclude={"algorithm", "reproducible"})
         if kw["features"] is not None:
             kw["features"] = tuple(kw["features"])
         if kw["alpha"] is None and self.algorithm == "OnPairStrC":
             kw.pop("alpha")  # the learner's documented default
+        if "reproducible" in inspect.signature(cls).parameters:
+            kw["reproducible"] = self.reproducible
         return kw
 
 
@@ -118,6 +178,13 @@ class SourceConfig(_Strict):
         None, gt=0, description="End the run after this long without a record (batch jobs)."
     )
     security: Security = Field(default_factory=dict)
+
+    @field_validator("partitions")
+    @classmethod
+    def _check_partitions(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or any(p < 0 for p in value)):
+            raise ValueError("partitions must be a non-empty list of partition numbers >= 0")
+        return value
 
     @model_validator(mode="after")
     def _needs(self) -> SourceConfig:
@@ -140,6 +207,12 @@ class SinkConfig(_Strict):
     topic: str | None = None
     bootstrap_servers: str | list[str] | None = None
     security: Security = Field(default_factory=dict)
+    max_request_size: int = Field(
+        1_048_576,
+        ge=1024,
+        description="The producer's limit on one request (kafka-python's default, 1 MiB). "
+        "The engine refuses a model whose releases could exceed it.",
+    )
 
     @model_validator(mode="after")
     def _needs(self) -> SinkConfig:
@@ -151,9 +224,22 @@ class SinkConfig(_Strict):
 
 
 class CheckpointConfig(_Strict):
+    """The commit cycle: releases become visible when the checkpoint that covers them is written.
+
+    A cycle ends after ``every_records`` input messages, ``every_seconds`` seconds, as soon as
+    the input is idle, or when the releases waiting for it reach ``max_pending_bytes``; the
+    time a release waits for its cycle is its publication latency.
+    """
+
     path: str
     every_records: int = Field(1000, ge=1)
-    every_seconds: float = Field(30.0, gt=0)
+    every_seconds: float = Field(5.0, gt=0)
+    max_pending_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="End the cycle when the releases and dead letters waiting for it reach "
+        "this size (they are kept in memory and in the checkpoint).",
+    )
     ledger_journal: bool = Field(
         False,
         description="Keep the ledger's sealed chunks in an append-only, checksummed journal "
@@ -165,7 +251,42 @@ class CheckpointConfig(_Strict):
 
 class StatusConfig(_Strict):
     interval_seconds: float = Field(10.0, gt=0)
-    file: str | None = None
+    file: str | None = Field(
+        None, description="status.json (mode 0600): counters, budget, lag, idle and outage"
+    )
+    operator_raw_metrics: str | None = Field(
+        None,
+        description="A separate file (mode 0600) for statistics computed from raw records "
+        "(the average penalty). Off by default: they are not differentially private.",
+    )
+
+
+class KafkaConfig(_Strict):
+    """How the engine treats the Kafka cluster(s) it uses."""
+
+    startup_timeout_seconds: float = Field(
+        20.0,
+        gt=0,
+        le=50,
+        description="Bound on reaching each cluster at start: past it, the engine exits with a "
+        "diagnosis (unreachable address, TLS/SASL mismatch).",
+    )
+    outage_deadline_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="Stop cleanly (exit code 4) when the broker has been unreachable this long. "
+        "Default: ride out outages of any length.",
+    )
+    create_topics: bool = Field(
+        True, description="Create missing release and dead-letter topics (1 partition)."
+    )
+    attempt_timeout_seconds: float = Field(
+        60.0,
+        ge=1,
+        description="How long one attempt to publish a commit cycle (one Kafka transaction) may "
+        "take before it is abandoned and retried with a new producer. Retries go on with "
+        "capped backoff until kafka.outage_deadline_seconds (if set).",
+    )
 
 
 class EngineConfig(_Strict):
@@ -175,19 +296,94 @@ class EngineConfig(_Strict):
     dead_letters: SinkConfig
     checkpoint: CheckpointConfig
     status: StatusConfig = Field(default_factory=StatusConfig)
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     max_message_bytes: int = Field(1_000_000, ge=1)
+
+    @model_validator(mode="after")
+    def _engine_needs(self) -> EngineConfig:
+        if self.model.features is None:
+            raise ValueError(
+                "model.features is required: the engine learns on a declared schema (a list "
+                "of feature names), never on one taken from the data"
+            )
+        kafka_sinks = [s for s in (self.releases, self.dead_letters) if s.kind == "kafka"]
+        if len(kafka_sinks) == 2 and _cluster(kafka_sinks[0]) != _cluster(kafka_sinks[1]):
+            raise ValueError(
+                "releases and dead_letters must be on one Kafka cluster (same "
+                "bootstrap_servers and security): one transaction covers both"
+            )
+        return self
+
+    @property
+    def transactional_id(self) -> str:
+        """The Kafka transactional id of this model's writer: one per model id."""
+        return f"stream-dp.{self.model.model_id}"
+
+
+def _cluster(cfg: SourceConfig | SinkConfig) -> tuple:
+    servers = cfg.bootstrap_servers
+    if isinstance(servers, str):
+        servers = [s.strip() for s in servers.split(",")]
+    return tuple(sorted(servers or ())), tuple(sorted(cfg.security.items()))
+
+
+def same_cluster(a: SourceConfig | SinkConfig, b: SourceConfig | SinkConfig) -> bool:
+    """Whether two Kafka sections name the same cluster with the same credentials."""
+    return a.kind == b.kind == "kafka" and _cluster(a) == _cluster(b)
 
 
 def _describe(err: ValidationError) -> str:
-    lines = []
+    parts = []
     for e in err.errors(include_url=False):
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"  {where}: {e['msg']}")
-    return "\n".join(lines)
+        parts.append(f"{where}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def _relative_to(raw: dict, base: Path) -> dict:
+    """``raw`` with the relative paths of the file-backed sections made relative to ``base``."""
+    out = dict(raw)
+    for section, key in (
+        ("checkpoint", "path"),
+        ("status", "file"),
+        ("status", "operator_raw_metrics"),
+        ("source", "path"),
+        ("releases", "path"),
+        ("dead_letters", "path"),
+    ):
+        body = out.get(section)
+        if isinstance(body, dict) and isinstance(body.get(key), str):
+            p = Path(body[key]).expanduser()
+            if not p.is_absolute():
+                out[section] = body = {**body, key: str(base / p)}
+    return out
 
 
 def load_config(path: str | Path) -> EngineConfig:
-    """Read and validate a TOML config; raise :class:`ConfigError` naming each bad field."""
+    """Read and validate a TOML config; raise :class:`ConfigError` naming each bad field.
+
+    Relative paths in it are taken relative to the config file's directory.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "e.toml").write_text('''
+    ... [model]
+    ... features = ["a", "b"]
+    ... [source]
+    ... kind = "jsonl"
+    ... path = "in.jsonl"
+    ... [releases]
+    ... kind = "stdout"
+    ... [dead_letters]
+    ... kind = "stdout"
+    ... [checkpoint]
+    ... path = "state/m.ckpt"
+    ... ''')
+    >>> load_config(d / "e.toml").checkpoint.path == str(d / "state" / "m.ckpt")
+    True
+    """
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -198,6 +394,6 @@ def load_config(path: str | Path) -> EngineConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
     try:
-        return EngineConfig.model_validate(raw)
+        return EngineConfig.model_validate(_relative_to(raw, path.resolve().parent))
     except ValidationError as exc:
-        raise ConfigError(f"invalid config {path}:\n{_describe(exc)}") from exc
+        raise ConfigError(f"invalid config {path}: {_describe(exc)}") from exc

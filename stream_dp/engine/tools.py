@@ -3,7 +3,11 @@
 ``stream-dp produce`` writes the records of a bundled UCI dataset (scaled as in the demo) to a
 topic as the engine's JSON input format; ``stream-dp watch`` reads a release topic and, like any
 partner would, rebuilds each model from its message alone and scores it on the dataset's
-held-out split (records that were never streamed).
+held-out split (records that were never streamed). ``watch`` reads ``read_committed``, as every
+consumer of releases must (``docs/privacy.md``, "The engine: one release per step").
+
+Both fail fast: an unreachable or misconfigured broker is one line on stderr and exit code 4
+within 20 s, a bad argument exit code 2.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import argparse
 import collections
 import json
 import sys
+
+from stream_dp.engine.cli import add_common_arguments, configure_logging, one_line_errors
 
 __all__ = ["add_produce_arguments", "add_watch_arguments", "produce_main", "watch_main"]
 
@@ -27,14 +33,43 @@ def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="also send one malformed message every N records (to see the dead-letter topic)",
     )
+    add_common_arguments(parser)
     parser.set_defaults(func=produce_main)
 
 
+class _BadArgument(ValueError):
+    """A command-line argument the tool cannot use (exit code 2)."""
+
+
+_CODES: dict[type[BaseException], int] = {_BadArgument: 2}
+
+
+def _kafka_codes() -> dict[type[BaseException], int]:
+    from connectors.admin import KafkaProblem
+
+    return {**_CODES, KafkaProblem: 4}
+
+
+def _probe(bootstrap: str) -> None:
+    from connectors.admin import connect
+
+    connect(bootstrap, timeout_s=20.0, what="--bootstrap").close()
+
+
 def produce_main(args: argparse.Namespace) -> int:
+    configure_logging("WARNING", args.verbose)
+    return one_line_errors("produce", args.debug, _kafka_codes(), lambda: _produce(args))
+
+
+def _produce(args: argparse.Namespace) -> int:
     from connectors import KafkaSink
     from stream_dp.datasets import prepare
 
-    data = prepare(args.dataset, max_records=args.max_records)
+    try:
+        data = prepare(args.dataset, max_records=args.max_records)
+    except ValueError as err:
+        raise _BadArgument(f"--dataset: {err}") from None
+    _probe(args.bootstrap)
     names = data.feature_names
     sent = bad = 0
     with KafkaSink(args.topic, args.bootstrap) as sink:
@@ -66,10 +101,16 @@ def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--idle-seconds", type=float, default=10.0, help="stop after this long without messages"
     )
+    add_common_arguments(parser)
     parser.set_defaults(func=watch_main)
 
 
 def watch_main(args: argparse.Namespace) -> int:
+    configure_logging("WARNING", args.verbose)
+    return one_line_errors("watch", args.debug, _kafka_codes(), lambda: _watch(args))
+
+
+def _watch(args: argparse.Namespace) -> int:
     import numpy as np
     from kafka import KafkaConsumer
 
@@ -81,13 +122,20 @@ def watch_main(args: argparse.Namespace) -> int:
     if args.dataset:
         from stream_dp.datasets import prepare
 
-        test = prepare(args.dataset)
+        try:
+            test = prepare(args.dataset)
+        except ValueError as err:
+            raise _BadArgument(f"--dataset: {err}") from None
+    _probe(args.bootstrap)
     consumer = KafkaConsumer(
         args.topic,
         bootstrap_servers=args.bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
+        # Only releases whose checkpoint is durable: aborted transactions are never shown.
+        isolation_level="read_committed",
         consumer_timeout_ms=int(args.idle_seconds * 1000),
+        max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     head = f"{'step':>8} {'release':>8} {'ε spent':>9} {'‖w‖':>7}"
     if test is not None:
@@ -97,10 +145,14 @@ def watch_main(args: argparse.Namespace) -> int:
     # The held-out records in a release's feature order, clipped to R = 1 as the example
     # config's learner does; built once per feature order, not once per message.
     test_rows: dict[tuple[str, ...], np.ndarray] = {}
-    n = 0
+    n = skipped = 0
     try:
         for msg in consumer:
-            rel = ReleaseMessage.from_json(msg.value)
+            try:
+                rel = ReleaseMessage.from_json(msg.value)
+            except ValueError:
+                skipped += 1  # not a release message: another producer shares the topic
+                continue
             n += 1
             w = rel.weights_array()
             recent.append(w)
@@ -110,16 +162,18 @@ def watch_main(args: argparse.Namespace) -> int:
             line += f"{float(np.linalg.norm(w)):>7.3f}"
             if test is not None and rel.task == "auc":
                 key = tuple(rel.feature_names)
-                if key not in test_rows:
+                if key not in test_rows and set(key) <= set(test.feature_names):
                     order = [list(test.feature_names).index(f) for f in key]
                     test_rows[key] = clip_rows(test.X_test[:, order], 1.0)
-                X = test_rows[key]
-                line += f" {roc_auc(X @ w, test.y_test):8.3f}"
-                if args.smooth > 1:
-                    line += f" {roc_auc(X @ np.mean(recent, axis=0), test.y_test):8.3f}"
+                X = test_rows.get(key)
+                if X is not None:
+                    line += f" {roc_auc(X @ w, test.y_test):8.3f}"
+                    if args.smooth > 1:
+                        line += f" {roc_auc(X @ np.mean(recent, axis=0), test.y_test):8.3f}"
             print(line + (" (exhausted)" if rel.exhausted else ""))
             sys.stdout.flush()
     finally:
         consumer.close()
-    print(f"{n} release messages read from {args.topic}")
+    extra = f" ({skipped} other messages skipped)" if skipped else ""
+    print(f"{n} release messages read from {args.topic}{extra}")
     return 0

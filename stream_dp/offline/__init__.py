@@ -14,11 +14,18 @@ class              paper                       mechanism              ledger
 ``DPPDML``         Li et al. 2020, Alg. 1      minibatch gradient     ε, one event per epoch
 =================  ==========================  =====================  ==========================
 
-See ``docs/algorithms.md`` for when to use which.
+Each paper's sensitivities and noise calibrations live in its module, next to its algorithm
+(``huai``, ``xue``, ``kang``, ``yang``, ``li``; ``pgd`` holds the full-gradient optimiser Xue
+et al. and Kang et al. share); the generic mechanisms are in
+:mod:`stream_dp.privacy.mechanisms`. With scikit-learn installed (optional, 1.6 or newer) every
+class is a scikit-learn estimator: a classifier for ``task="auc"``, a transformer for
+``task="metric"`` (:mod:`stream_dp.offline._sklearn`). See ``docs/algorithms.md`` for when to use
+which, and what works with scikit-learn.
 """
 
 from __future__ import annotations
 
+from stream_dp.offline._sklearn import expected_failed_checks
 from stream_dp.offline.base import OfflinePairwiseBase
 from stream_dp.offline.huai import OffPairC, OffPairStrC
 from stream_dp.offline.kang import GradPerturb
@@ -45,6 +52,7 @@ __all__ = [
     "PairwiseSGD",
     "appendix_kappa",
     "degree_kappa",
+    "expected_failed_checks",
     "pair_graph_kappa",
     "random_pair_graph",
 ]

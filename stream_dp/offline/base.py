@@ -1,52 +1,84 @@
-"""Machinery shared by the offline private pairwise learners (SPEC §7).
+"""Machinery shared by the offline private pairwise learners.
 
 Every offline learner takes a finite dataset, returns one private model and keeps a ledger of
 what it released. This module holds what they share, so that no algorithm re-implements it:
 
-* scikit-learn style parameters (``get_params``/``set_params`` from the ``__init__`` signature,
-  as scikit-learn and river do, without importing either);
+* the estimator protocol (:mod:`stream_dp.offline._sklearn`): parameters are the ``__init__``
+  arguments, scikit-learn tags, methods that exist only for their task, ``score``;
+  scikit-learn itself is optional;
+* secrets: ``seed=None`` (the default) draws a fresh 128-bit secret for every fit; an integer
+  seed is refused unless ``reproducible=True`` declares the run non-private, which the
+  ledger then says (:func:`stream_dp.privacy.secrets.check_seed`);
 * data preparation: rows clipped to ``‖x‖₂ ≤ R`` with :func:`stream_dp.records.clip_norm`
-  (part of every privacy proof), non-finite values rejected, labels mapped with
-  :func:`stream_dp.records.auc_label` / :class:`stream_dp.records.LabelCodes`;
+  (part of every privacy proof), non-finite, complex or sparse input rejected; labels checked
+  as scikit-learn does (two classes for AUC, any classes for a metric);
 * the loss and constraint set of a task (shared :mod:`stream_dp.losses` and
   :mod:`stream_dp.constraints`), with the constants G, L, α derived once by the loss;
 * output perturbation: classic Gaussian (``ApproxDPAccountant``) or Laplace
-  (``PureDPAccountant``) noise drawn from :class:`stream_dp.privacy.KeyedNoise`, calibrated by
-  :mod:`stream_dp.privacy.mechanisms`, then ``Π_C``;
+  (``PureDPAccountant``) noise drawn from :class:`stream_dp.privacy.KeyedNoise` under the
+  ``"release"`` purpose, calibrated by the generic mechanisms of
+  :mod:`stream_dp.privacy.mechanisms` from the sensitivity each paper's module derives, then
+  ``Π_C``;
+* the ledger: every charge of every offline algorithm goes through
+  :meth:`OfflinePairwiseBase._charge`, before the value it pays for is returned;
 * prediction from the **release only**: ``decision_function``/``predict_proba``/``predict``
   (AUC) and ``transform``/``distance`` (metric).
 
-Neighbouring datasets differ in one record (replace-one), as everywhere in the project. Noise is
-keyed by ``(seed, model_id)``: fitting the same data with the same seed reproduces the same
-release bit for bit (which costs nothing more), and each ``fit`` starts a fresh ledger that
-belongs to the model it releases.
-
+Neighbouring datasets differ in one record (replace-one, ``docs/privacy.md``, *Privacy unit and
+neighbouring streams*). Each fit starts a fresh ledger that belongs to the model it releases; a
+fit that raises leaves the estimator as it was.
 """
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import math
+import numbers
+import warnings
 
 import numpy as np
-from scipy import special
+from scipy import sparse, special
 
 from stream_dp.constraints import ConstraintSet, L2Ball, PSDFrobeniusBall, PSDNuclearBall
+from stream_dp.linalg import psd_sqrt
 from stream_dp.losses import LossConstants, PairwiseLoss, Regularized, get_loss
-from stream_dp.online.interfaces import psd_sqrt
-from stream_dp.privacy.accountant import ApproxDPAccountant, PureDPAccountant
-from stream_dp.privacy.events import ApproxDPEvent, LaplaceEvent
+from stream_dp.metrics import pair_roc_auc, roc_auc
+from stream_dp.offline._sklearn import (
+    DataConversionWarning,
+    EstimatorBase,
+    NotFittedError,
+    estimator_tags,
+    for_task,
+)
+from stream_dp.privacy.budget import PrivacyBudget, approx_budget, pure_budget
+from stream_dp.privacy.events import ApproxDPEvent, Event, LaplaceEvent
 from stream_dp.privacy.mechanisms import gaussian_sigma_classic_safe, laplace_scale_from_l2
 from stream_dp.privacy.noise import KeyedNoise
-from stream_dp.records import InvalidRecord, LabelCodes, auc_label, clip_norm
+from stream_dp.privacy.secrets import check_seed
+from stream_dp.records import InvalidRecord, clip_norm
 
-__all__ = ["OfflinePairwiseBase", "prepare_features", "make_constraint"]
+__all__ = [
+    "InvalidFeatureType",
+    "OfflinePairwiseBase",
+    "encode_labels",
+    "make_constraint",
+    "prepare_features",
+]
 
 TASKS = ("auc", "metric")
 
 
+class InvalidFeatureType(InvalidRecord, TypeError):
+    """X holds something that is not a number: a ``ValueError`` like every rejected input, and a
+    ``TypeError`` as NumPy (and scikit-learn's input validation) raise for it."""
+
+
 def prepare_features(X, data_radius: float) -> np.ndarray:
-    """A float matrix with every row clipped to ``‖x‖₂ ≤ R`` (non-finite input rejected).
+    """A float matrix with every row clipped to ``‖x‖₂ ≤ R``; anything else is refused.
+
+    Refused with a ``ValueError`` (:class:`stream_dp.records.InvalidRecord`): sparse matrices,
+    complex numbers, non-finite values, arrays that are not 2-D with at least one feature, and
+    entries that are not real numbers (also a ``TypeError``, :class:`InvalidFeatureType`).
 
     Examples
     --------
@@ -55,16 +87,131 @@ def prepare_features(X, data_radius: float) -> np.ndarray:
            [0.1, 0. ]])
 
     """
+    if sparse.issparse(X):
+        raise InvalidRecord(
+            "wrong_type", "sparse input is not supported: pass a dense array (X.toarray())"
+        )
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # values too large for a double: inf
-            arr = np.asarray(X, dtype=float)
-    except (TypeError, ValueError, OverflowError):  # not numbers, ragged rows, ...
+            raw = np.asarray(X)
+            if raw.dtype.kind == "c" or any(isinstance(v, complex) for v in _objects(raw)):
+                raise InvalidRecord("wrong_type", "Complex data not supported")
+            arr = raw.astype(float)
+    except TypeError as exc:  # an entry that is not a number (a dict, None, ...)
+        raise InvalidFeatureType("wrong_type", f"X must hold real numbers: {exc}") from None
+    except (ValueError, OverflowError) as exc:  # ragged rows, text, ints beyond a double, ...
+        if isinstance(exc, InvalidRecord):
+            raise
         raise InvalidRecord("wrong_type", "X must be a 2-D array of real numbers") from None
-    if arr.ndim != 2 or arr.shape[1] == 0:
-        raise InvalidRecord("wrong_type", f"X must be a 2-D array (n, d), got shape {arr.shape}")
+    if arr.ndim != 2:
+        raise InvalidRecord(
+            "wrong_type",
+            f"Expected a 2-D array (n_samples, n_features), got shape {arr.shape}. Reshape your "
+            "data with array.reshape(-1, 1) for a single feature or array.reshape(1, -1) for a "
+            "single sample.",
+        )
+    if arr.shape[1] == 0:
+        raise InvalidRecord(
+            "wrong_type",
+            f"Found array with 0 feature(s) (shape={arr.shape}) while a minimum of 1 is required.",
+        )
     if not np.isfinite(arr).all():
         raise InvalidRecord("non_finite", "features must be finite (no NaN or inf)")
     return np.array([clip_norm(row, float(data_radius)) for row in arr]).reshape(arr.shape)
+
+
+def _objects(arr: np.ndarray):
+    """The entries of an object array (nothing for a numeric one)."""
+    return arr.ravel().tolist() if arr.dtype == object else ()
+
+
+def _label_array(y, n_samples: int | None, owner: str) -> np.ndarray:
+    """``y`` as a 1-D array of ``n_samples`` labels (a column vector is accepted, with a
+    warning, as scikit-learn does)."""
+    if y is None:
+        raise ValueError(f"{owner} requires y to be passed, but the target y is None")
+    try:
+        arr = np.asarray(y)
+    except (TypeError, ValueError):  # ragged or otherwise not an array of labels
+        raise ValueError("y should be a 1d array of labels") from None
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        warnings.warn(
+            "A column-vector y was passed when a 1d array was expected. Please change the "
+            "shape of y to (n_samples,), for example using ravel().",
+            DataConversionWarning,
+            stacklevel=4,
+        )
+        arr = arr.ravel()
+    if arr.ndim != 1:
+        raise ValueError(f"y should be a 1d array, got an array of shape {arr.shape} instead")
+    if n_samples is not None and len(arr) != n_samples:
+        raise ValueError(
+            f"Found input variables with inconsistent numbers of samples: [{n_samples}, {len(arr)}]"
+        )
+    return arr
+
+
+def _check_label_values(y: np.ndarray) -> None:
+    """Class labels: no complex, missing, infinite or continuous (non-integer) values."""
+    if y.dtype.kind == "c":
+        raise ValueError("Complex data not supported")
+    if y.dtype.kind == "f":
+        numeric = y
+    else:
+        values = _objects(y)
+        if any(isinstance(v, complex) for v in values):
+            raise ValueError("Complex data not supported")
+        if any(v is None for v in values):
+            raise ValueError("Input y contains None: every record needs a class label")
+        numbers_only = [v for v in values if isinstance(v, numbers.Number)]
+        try:
+            numeric = np.array([float(v) for v in numbers_only], dtype=float)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError("Unknown label type: a label is a number beyond a double") from None
+    if not np.isfinite(numeric).all():
+        raise ValueError("Input y contains NaN or infinity: every record needs a class label")
+    if np.any(numeric != np.round(numeric)):
+        raise ValueError(
+            "Unknown label type: continuous. Labels are classes (integers, strings, booleans), "
+            "not regression targets"
+        )
+
+
+def encode_labels(y, n_samples: int, task: str, owner: str = "this estimator"):
+    """Validated class labels: ``(Y, classes)`` with ``classes`` the sorted distinct labels.
+
+    AUC: exactly two classes; ``Y = +1`` for ``classes[1]`` (the positive class: ``1``,
+    ``True``, ``+1``, or the larger of two strings, as in scikit-learn), ``−1`` otherwise.
+    Metric: any number of classes; ``Y`` is the index of the class (only equality matters).
+    The set of classes is schema, like the feature names: it is not protected.
+
+    Examples
+    --------
+    >>> Y, classes = encode_labels(["no", "yes", "no"], 3, "auc")
+    >>> Y.tolist(), classes.tolist()
+    ([-1.0, 1.0, -1.0], ['no', 'yes'])
+
+    """
+    arr = _label_array(y, n_samples, owner)
+    _check_label_values(arr)
+    try:
+        classes, index = np.unique(arr, return_inverse=True)
+    except TypeError:  # labels that cannot be compared with each other
+        raise ValueError("Unknown label type: labels of mixed types cannot be ordered") from None
+    index = index.ravel()
+    if task == "auc":
+        if len(classes) > 2:
+            raise ValueError(
+                "Only binary classification is supported. The type of the target is "
+                f"multiclass ({len(classes)} classes): use task='metric' for class labels"
+            )
+        if len(classes) < 2:
+            raise ValueError(
+                f"AUC learning needs both classes in y, got {len(classes)} class: "
+                "a ranking needs positive and negative records"
+            )
+        return np.where(index == 1, 1.0, -1.0), classes
+    return index.astype(float), classes
 
 
 def make_constraint(task: str, radius: float, kind: str = "default") -> ConstraintSet:
@@ -101,11 +248,11 @@ def _positive_int(name: str, v, allow_none: bool = True) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {v!r}")
 
 
-class OfflinePairwiseBase:
+class OfflinePairwiseBase(EstimatorBase):
     """Base class of the offline learners (not an algorithm by itself).
 
     Subclasses implement ``_fit_private(X, Y)`` returning the released model, using the helpers
-    below, and ``_noiseless_fit(X, y)`` (the statistic the mechanism perturbs, for audits).
+    below, and ``_statistic(X, Y, noise)`` (the statistic the mechanism perturbs, for audits).
     """
 
     #: Tasks the algorithm supports.
@@ -114,45 +261,37 @@ class OfflinePairwiseBase:
     _supports_pure: bool = True
     #: Whether δ > 0 is supported.
     _supports_approx: bool = True
-    #: Filled by ``fit``.
-    accountant = None
 
-    # -- scikit-learn style parameters ---------------------------------------------------------
-    @classmethod
-    def _get_param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return sorted(
-            p.name
-            for p in sig.parameters.values()
-            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        )
+    def __sklearn_tags__(self):
+        return estimator_tags(self, super().__sklearn_tags__())
 
-    def get_params(self, deep: bool = True) -> dict:
-        """The constructor parameters (scikit-learn convention; ``deep`` has no nested effect)."""
-        return {name: getattr(self, name) for name in self._get_param_names()}
+    def __sklearn_is_fitted__(self) -> bool:
+        return getattr(self, "_release", None) is not None
 
-    def set_params(self, **params):
-        """Set constructor parameters; unknown names raise ``ValueError``. Returns self."""
-        valid = set(self._get_param_names())
-        for k, v in params.items():
-            if k not in valid:
-                raise ValueError(f"invalid parameter {k!r} for {type(self).__name__}")
-            setattr(self, k, v)
-        return self
+    # -- privacy state ---------------------------------------------------------------------------
+    @property
+    def private(self) -> bool:
+        """False when an explicit (guessable) ``seed`` makes the releases reproducible, and so
+        not private; True for the default ``seed=None`` (a fresh secret for every fit)."""
+        return self.seed is None
 
-    def __repr__(self) -> str:
-        defaults = {
-            p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()
-        }
-        items = [
-            f"{k}={v!r}"
-            for k, v in self.get_params().items()
-            if not (k in defaults and _same(defaults[k], v))
-        ]
-        return f"{type(self).__name__}({', '.join(items)})"
+    @property
+    def accountant(self):
+        """The ledger of the last fit (``accountant_``); None before ``fit``."""
+        return getattr(self, "accountant_", None)
+
+    @property
+    def budget(self) -> PrivacyBudget | None:
+        """The budget of the last fit (``budget_``), which refused any overrun; None before."""
+        return getattr(self, "budget_", None)
+
+    def _charge(self, event: Event) -> None:
+        """Charge one release to this fit's budget, before the value it pays for is used."""
+        self.budget_.charge(event)
 
     # -- validation -----------------------------------------------------------------------------
     def _check_common(self) -> None:
+        check_seed(self.seed, self.reproducible, owner=type(self).__name__)
         if self.task not in self._tasks:
             raise ValueError(
                 f"{type(self).__name__} supports task in {self._tasks}, got {self.task!r}"
@@ -176,24 +315,18 @@ class OfflinePairwiseBase:
     # -- data ------------------------------------------------------------------------------------
     def _prepare(self, X, y) -> tuple[np.ndarray, np.ndarray]:
         Xc = prepare_features(X, self.data_radius)
-        y = np.asarray(y)
-        if y.ndim != 1 or len(y) != len(Xc):
-            raise ValueError(f"y must be 1-D with {len(Xc)} labels, got shape {y.shape}")
-        if len(y) < 2:
-            raise ValueError("pairwise learning needs at least 2 records")
-        if self.task == "auc":
-            Y = np.array([auc_label(v.item() if isinstance(v, np.generic) else v) for v in y])
-            label_of = {}
-            for v, code in zip(y, Y, strict=True):
-                label_of.setdefault(code, v.item() if isinstance(v, np.generic) else v)
-            self.classes_ = np.array([label_of.get(-1.0, False), label_of.get(1.0, True)])
-        else:
-            codes = LabelCodes()
-            Y = np.array([codes.encode(v.item() if isinstance(v, np.generic) else v) for v in y])
-            self.classes_ = np.array(list(codes.codes))
+        Y, classes = encode_labels(y, len(Xc), self.task, type(self).__name__)
+        if len(Y) < 2:
+            raise ValueError(f"pairwise learning needs at least 2 records, got n_samples={len(Y)}")
+        self.classes_ = classes
         self.n_features_in_ = Xc.shape[1]
         self.n_samples_ = len(Y)
         return Xc, Y
+
+    def _validated(self, X, y) -> tuple[np.ndarray, np.ndarray]:
+        self._check_common()
+        self._check_params()
+        return self._prepare(X, y)
 
     def _make_noise(self) -> KeyedNoise:
         return KeyedNoise(self.seed, self.model_id)
@@ -211,10 +344,10 @@ class OfflinePairwiseBase:
         return loss.constants(float(self.data_radius), float(self.model_radius))
 
     # -- output perturbation ----------------------------------------------------------------
-    def _new_accountant(self):
+    def _new_budget(self) -> PrivacyBudget:
         if self.pure:
-            return PureDPAccountant(self.epsilon)
-        return ApproxDPAccountant(self.epsilon, self.delta)
+            return pure_budget(self.epsilon)
+        return approx_budget(self.epsilon, self.delta)
 
     def _output_noise(
         self,
@@ -242,14 +375,14 @@ class OfflinePairwiseBase:
             b = laplace_scale_from_l2(sensitivity, eps, int(stat.size))
             event = LaplaceEvent(step=step, sensitivity=math.sqrt(stat.size) * sensitivity, scale=b)
             self.noise_scale_ = b
-            return stat + noise.laplace(step, stat.shape, b), event
+            return stat + noise.laplace(step, stat.shape, b, purpose="release"), event
         if sigma is None:
             sigma = gaussian_sigma_classic_safe(sensitivity, eps, self.delta)
         event = ApproxDPEvent(
             step=step, sensitivity=sensitivity, scale=sigma, epsilon=eps, delta=self.delta
         )
         self.noise_scale_ = sigma
-        return stat + noise.gaussian(step, stat.shape, sigma), event
+        return stat + noise.gaussian(step, stat.shape, sigma, purpose="release"), event
 
     def _perturb_output(
         self,
@@ -263,28 +396,39 @@ class OfflinePairwiseBase:
         """Release ``Π_C(stat + noise)`` (see :meth:`_output_noise`) and charge the ledger."""
         noisy, event = self._output_noise(stat, sensitivity, noise, step, sigma)
         if event is not None:
-            self.accountant.charge(event)
+            self._charge(event)
         return constraint.project(noisy)
 
     # -- fitting ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _atomic(self):
+        """Undo every attribute a failed fit set: a rejected fit leaves the model as it was."""
+        before = dict(self.__dict__)
+        try:
+            yield
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+
     def fit(self, X, y):
         """Learn from ``(X, y)`` and release one private model (``private_weights``).
 
-        Rows of X are clipped to ``‖x‖₂ ≤ data_radius``; ``y`` holds ±1/0-1/bool labels
-        (AUC) or any class labels (metric). Each fit starts a new ledger in ``accountant``.
+        Rows of X are clipped to ``‖x‖₂ ≤ data_radius``; ``y`` holds two classes (AUC) or any
+        class labels (metric). Each fit draws a fresh noise secret (unless ``seed`` is set,
+        with ``reproducible=True``) and starts a new ledger in ``accountant``.
         """
-        self._check_common()
-        self._check_params()
-        Xc, Y = self._prepare(X, y)
-        self.accountant = self._new_accountant()
-        self._release = self._fit_private(Xc, Y)
+        with self._atomic():
+            Xc, Y = self._validated(X, y)
+            self.budget_ = self._new_budget()
+            self.accountant_ = self.budget_.accountant
+            self.accountant_.private = self.private
+            self._release = self._fit_private(Xc, Y)
         return self
 
     def _noiseless_fit(self, X, y) -> np.ndarray:
         """The statistic the output mechanism perturbs, computed without noise (audits only)."""
-        self._check_common()
-        self._check_params()
-        Xc, Y = self._prepare(X, y)
+        Xc, Y = self._validated(X, y)
         return self._statistic(Xc, Y, self._make_noise())[0]
 
     def _check_params(self) -> None:
@@ -306,48 +450,76 @@ class OfflinePairwiseBase:
     def _released(self) -> np.ndarray:
         w = getattr(self, "_release", None)
         if w is None:
-            raise RuntimeError(f"{type(self).__name__} is not fitted yet: call fit(X, y)")
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet: call fit before using "
+                "it to predict or transform"
+            )
         return w
 
     def _inputs(self, X) -> np.ndarray:
+        self._released()
         Xc = prepare_features(X, self.data_radius)
-        if Xc.shape[1] != self._released().shape[-1]:
-            raise ValueError(f"expected {self._released().shape[-1]} features, got {Xc.shape[1]}")
+        if Xc.shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"X has {Xc.shape[1]} features, but {type(self).__name__} is expecting "
+                f"{self.n_features_in_} features as input"
+            )
         return Xc
 
+    @for_task("auc")
     def decision_function(self, X) -> np.ndarray:
         """AUC: the ranking scores ``w̃ᵀx`` of the (clipped) rows of X."""
-        self._require_task("auc", "decision_function")
         return self._inputs(X) @ self._released()
 
+    @for_task("auc")
     def predict_proba(self, X) -> np.ndarray:
         """AUC: ``[1 − p, p]`` with ``p = expit(w̃ᵀx)`` — a monotone score, not calibrated."""
         p = special.expit(self.decision_function(X))
         return np.column_stack([1.0 - p, p])
 
+    @for_task("auc")
     def predict(self, X) -> np.ndarray:
-        """AUC: ``classes_[1]`` where the score is positive, else ``classes_[0]``."""
+        """AUC: ``classes_[1]`` where the score is positive, else ``classes_[0]``.
+
+        A ranking model has no intercept: the threshold 0 is not learned, so use the scores
+        (``decision_function``, ``score``) to judge it, not the accuracy of ``predict``.
+        """
         return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
 
+    @for_task("metric")
     def transform(self, X) -> np.ndarray:
         """Metric: ``x ↦ W̃^{1/2}x``, so Euclidean distances are the learned metric's."""
-        self._require_task("metric", "transform")
         return self._inputs(X) @ psd_sqrt(self._released())
 
+    @for_task("metric")
+    def fit_transform(self, X, y=None, **fit_params) -> np.ndarray:
+        """Metric: ``fit(X, y, ...)`` then ``transform(X)`` with the released metric."""
+        return self.fit(X, y, **fit_params).transform(X)
+
+    @for_task("metric")
     def distance(self, a, b) -> float:
         """Metric: the learned (private) distance ``√((a − b)ᵀW̃(a − b))``."""
-        self._require_task("metric", "distance")
         va, vb = self._inputs([a])[0], self._inputs([b])[0]
         diff = va - vb
         return float(math.sqrt(max(float(diff @ self._released() @ diff), 0.0)))
 
-    def _require_task(self, task: str, what: str) -> None:
-        if self.task != task:
-            raise AttributeError(f"{what} is for task={task!r}; this model has task={self.task!r}")
+    def score(self, X, y) -> float:
+        """How well the released model ranks ``(X, y)``: higher is better, 0.5 is chance.
 
-
-def _same(a, b) -> bool:
-    try:
-        return bool(a == b) and type(a) is type(b)
-    except Exception:  # arrays and other non-scalar parameters
-        return a is b
+        AUC task: the ROC AUC of ``decision_function(X)`` with ``classes_[1]`` positive.
+        Metric task: the ROC AUC of the learned distances for "same class" over all pairs of
+        rows, i.e. the probability that a random same-class pair is closer than a random
+        different-class pair (:func:`stream_dp.metrics.pair_roc_auc`, O(n²)). NaN when y has
+        one class only. Scores computed on private data are not private themselves.
+        """
+        Z = self.decision_function(X) if self.task == "auc" else self.transform(X)
+        labels = _label_array(y, len(Z), type(self).__name__)
+        if self.task == "auc":
+            unseen = ~np.isin(labels, self.classes_)
+            if unseen.any():
+                raise ValueError(
+                    f"y holds labels not seen in fit: {labels[unseen][:3].tolist()}; "
+                    f"the classes are {self.classes_.tolist()}"
+                )
+            return roc_auc(Z, labels == self.classes_[1])
+        return pair_roc_auc(Z, labels)

@@ -1,7 +1,9 @@
 """OffPairStrC and OffPairC: offline output perturbation of a Pairwise GIGA pass.
 
 Huai, Wang, Miao, Xu, Zhang. *Pairwise Learning with Differential Privacy Guarantees.*
-AAAI 2020, Algorithms 3 and 4, Theorem 5 (SPEC §7).
+AAAI 2020, Algorithms 3 and 4, Lemma 4, Theorem 5. The pass uses the schedules shared with the
+online learners (:mod:`stream_dp.huai`); the sensitivity of its average is here
+(``docs/algorithms.md``, *OffPairStrC*).
 """
 
 from __future__ import annotations
@@ -12,14 +14,31 @@ import warnings
 import numpy as np
 
 from stream_dp.constraints import ConstraintSet
+from stream_dp.huai import huai_step_size, huai_warmup
 from stream_dp.losses import PairwiseLoss
 from stream_dp.offline.base import OfflinePairwiseBase, _positive, _positive_int, make_constraint
-from stream_dp.online.base import huai_step_size, huai_warmup
-from stream_dp.privacy.mechanisms import offpair_sensitivity
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.sensitivity import CertifiedSensitivity
 
-__all__ = ["OffPairStrC", "OffPairC", "giga_average_sensitivity"]
+__all__ = ["OffPairStrC", "OffPairC", "giga_average_sensitivity", "offpair_sensitivity"]
+
+
+def offpair_sensitivity(lipschitz: float, alpha: float, n: int) -> float:
+    """ℓ2 sensitivity ``8G ln n/(αn)`` of the averaged GIGA pass (Huai et al. 2020, Alg. 3–4).
+
+    The average ``w̃ = (w_1+…+w_n)/n`` of Pairwise GIGA iterates: by Lemma 4
+    ``‖w_t − w'_t‖ ≤ 8G/(αt)`` for t > T1, and the warm-up iterates ``w_1..w_T1`` are the same
+    random points on both datasets, so ``‖w̃ − w̃'‖ ≤ (1/n) Σ_{T1<t≤n} 8G/(αt) ≤ 8G ln n/(αn)``
+    (T1 ≥ 7). With the classic Gaussian this is exactly Alg. 3 step 9's
+    ``σ² = 128G² ln²n · ln(1.25/δ)/(α²n²ε²)`` (Theorem 5).
+
+    Examples
+    --------
+    >>> round(offpair_sensitivity(4.0, 1.0, 100), 4)
+    1.4737
+
+    """
+    return 8.0 * lipschitz * math.log(n) / (alpha * n)
 
 
 def giga_average_sensitivity(
@@ -27,8 +46,9 @@ def giga_average_sensitivity(
 ) -> float:
     """Certified ℓ2 sensitivity of ``w̃ = (w_1+…+w_n)/n`` for the full-buffer GIGA pass.
 
-    Runs the data-independent recurrence of SPEC §4 (:class:`stream_dp.sensitivity.
-    CertifiedSensitivity`, shared with the online learners) with Huai's step sizes: the random
+    Runs the data-independent recurrence of ``docs/privacy.md`` (*Certified sensitivity*;
+    :class:`stream_dp.sensitivity.CertifiedSensitivity`, shared with the online learners) with
+    Huai's step sizes: the random
     warm-up iterates ``w_1..w_T1`` are identical on neighbouring datasets (same keyed seed), and
     ``‖w̃ − w̃'‖ ≤ (1/n) Σ_t Δ_t``.
 
@@ -42,12 +62,11 @@ def giga_average_sensitivity(
     total = 0.0
     for t in range(1, n + 1):
         if t <= warmup:
-            tracker.new_bound = 0.0  # a random model: the record is only buffered
-            current = tracker.member_max
+            tracker.skip()  # a random model: the record is only buffered
         else:
-            current = tracker.step(huai_step_size(t, alpha), t - 1, None)
-        tracker.admit([(0, -1)], t)
-        total += current
+            tracker.step(huai_step_size(t, alpha), t - 1)
+        tracker.admit(slots=[0], olds=[-1])
+        total += tracker.current
     return total / n
 
 
@@ -111,7 +130,7 @@ class _GIGAOutputPerturbation(OfflinePairwiseBase):
                 f"{type(self).__name__}: the warm-up T1 = {self.T1_} (max(⌈16L/α²⌉, 7), "
                 f"L = {self.constants_.smoothness:.4g}, α = {self.constants_.strong_convexity:.4g})"
                 f" is ≥ n = {n}: every averaged iterate is a random point of C and nothing is "
-                "learned from the data (SPEC §9.1)",
+                "learned from the data (docs/algorithms.md, OffPairStrC, caveat)",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -123,12 +142,13 @@ class OffPairStrC(_GIGAOutputPerturbation):
     """Offline Pairwise Private GIGA, strongly convex (Huai et al., AAAI 2020, Algorithm 3).
 
     One pass of Pairwise GIGA over the records in the given order: ``w_1..w_T1`` are random
-    points of C (``T1 = max(⌈16L/α²⌉, 7)``, :func:`stream_dp.online.huai_warmup`), then
+    points of C (``T1 = max(⌈16L/α²⌉, 7)``, :func:`stream_dp.huai.huai_warmup`), then
     ``w_t = Π_C(w_{t−1} − η_t ∇L̂_t(w_{t−1}, D_t))`` with ``η_t = 2(t−1)/(αt(t−2))``
-    (:func:`stream_dp.online.huai_step_size`) on the strongly convex loss ``ℓ + (α/2)‖w‖²``.
+    (:func:`stream_dp.huai.huai_step_size`) on the strongly convex loss ``ℓ + (α/2)‖w‖²``.
     The average ``w̃ = (w_1+…+w_n)/n`` is released as ``Π_C(w̃ + N(0, σ²I))`` with
     ``σ² = 128 G² ln²n · ln(1.25/δ)/(α² n² ε²)`` (Alg. 3 step 9), i.e. the classic Gaussian for
-    the ℓ2 sensitivity ``8G ln n/(αn)`` (Lemma 4 averaged over t; Theorem 5).
+    the ℓ2 sensitivity ``8G ln n/(αn)`` (Lemma 4 averaged over t, :func:`offpair_sensitivity`;
+    Theorem 5).
 
     **Guarantee.** (ε, δ)-DP for replace-one neighbours (Theorem 5); one ``ApproxDPEvent`` in an
     ``ApproxDPAccountant``. ``delta=0`` gives a pure ε-DP variant with Laplace noise
@@ -139,10 +159,12 @@ class OffPairStrC(_GIGAOutputPerturbation):
 
     **Cost.** O(n²·d) time (O(n²d²) for metric), O(n·d) memory.
 
-    **Caveat (SPEC §9.1).** T1 grows like 16L/α²: with the papers' λ = 1e-3 and R = 1,
-    T1 ≈ 6.4·10⁷, so on any realistic n every averaged iterate is random (a warning says so)
-    and σ ∝ 1/α is huge. ``warmup`` overrides T1; the sensitivity is then the certified bound of
-    SPEC §4 averaged over the pass (``sensitivity="certified"``), which only needs contraction.
+    **Caveat** (``docs/algorithms.md``, *Where the project departs from the papers*, 1). T1
+    grows like 16L/α²: with the papers' λ = 1e-3 and R = 1, T1 ≈ 6.4·10⁷, so on any realistic
+    n every averaged iterate is random (a warning says so) and σ ∝ 1/α is huge. ``warmup``
+    overrides T1; the sensitivity is then the certified bound (``docs/privacy.md``, *Certified
+    sensitivity*) averaged over the pass (``sensitivity="certified"``), which only needs
+    contraction.
 
     Parameters
     ----------
@@ -162,9 +184,14 @@ class OffPairStrC(_GIGAOutputPerturbation):
         Override T1 (needs ``sensitivity="certified"``).
     sensitivity
         ``"paper"`` (Lemma 4: ``8G ln n/(αn)``, never below the certified bound) or
-        ``"certified"`` (SPEC §4 recurrence averaged over the pass).
+        ``"certified"`` (the certified recurrence averaged over the pass).
     seed
-        Secret of the keyed noise (``None``: 128 random bits from the OS).
+        Secret of the keyed noise. ``None`` (the default) draws 128 bits from the OS at every
+        fit, so refits and clones publish independent noise. An integer is guessable and is
+        refused unless ``reproducible=True``.
+    reproducible
+        Declare a reproducible, **non-private** run (tests, debugging): allows an integer
+        ``seed``; the ledger then says ``private = False``.
     model_id
         Keys the noise together with the seed.
 
@@ -174,8 +201,8 @@ class OffPairStrC(_GIGAOutputPerturbation):
     >>> from stream_dp.offline import OffPairStrC
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(60, 3)) / 3, rng.integers(0, 2, 60)
-    >>> model = OffPairStrC(task="auc", epsilon=1.0, delta=1e-3, alpha=5.0, data_radius=0.2,
-    ...                     seed=1).fit(X, y)
+    >>> model = OffPairStrC(task="auc", epsilon=1.0, delta=1e-3, alpha=5.0, data_radius=0.2)
+    >>> model = model.fit(X, y)
     >>> model.T1_, model.private_weights.shape
     (7, (3,))
     >>> model.accountant.spent()
@@ -194,6 +221,7 @@ class OffPairStrC(_GIGAOutputPerturbation):
         warmup: int | None = None,
         sensitivity: str = "paper",
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "offpairstrc",
     ) -> None:
         self.task = task
@@ -205,6 +233,7 @@ class OffPairStrC(_GIGAOutputPerturbation):
         self.warmup = warmup
         self.sensitivity = sensitivity
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _check_params(self) -> None:
@@ -244,7 +273,7 @@ class OffPairC(_GIGAOutputPerturbation):
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(40, 3)), rng.integers(0, 3, 40)
     >>> model = OffPairC(task="metric", epsilon=2.0, delta=0.0, warmup=5,
-    ...                  sensitivity="certified", seed=3).fit(X, y)
+    ...                  sensitivity="certified").fit(X, y)
     >>> model.private_weights.shape, model.accountant.spent()
     ((3, 3), (2.0, 0.0))
 
@@ -261,6 +290,7 @@ class OffPairC(_GIGAOutputPerturbation):
         warmup: int | None = None,
         sensitivity: str = "paper",
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "offpairc",
     ) -> None:
         self.task = task
@@ -272,6 +302,7 @@ class OffPairC(_GIGAOutputPerturbation):
         self.warmup = warmup
         self.sensitivity = sensitivity
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _check_params(self) -> None:

@@ -1,7 +1,10 @@
 """GradPerturb: full-batch gradient perturbation for pairwise losses.
 
 Kang, Liu, Li, Wang. *Towards Sharper Utility Bounds for Differentially Private Pairwise
-Learning.* Algorithm 1, Theorem 1 (SPEC §7).
+Learning.* Algorithm 1, Theorems 1–2. The per-iteration σ of Theorem 1 is here; the query it
+perturbs is the full pairwise gradient of :mod:`stream_dp.offline.pgd`, whose sensitivity is
+:func:`stream_dp.offline.pgd.pairwise_gradient_sensitivity` (``docs/algorithms.md``,
+*GradPerturb*).
 """
 
 from __future__ import annotations
@@ -11,15 +14,29 @@ import warnings
 
 import numpy as np
 
-from stream_dp.offline.xue import _PGDBase, calibrate_iterations, pgd
-from stream_dp.privacy.accountant import ZCDPAccountant
+from stream_dp.offline.pgd import PGDBase, calibrate_iterations, pairwise_gradient_sensitivity, pgd
+from stream_dp.privacy.budget import PrivacyBudget, zcdp_budget
 from stream_dp.privacy.events import GaussianEvent
-from stream_dp.privacy.mechanisms import gradperturb_sigma, pairwise_gradient_sensitivity
 
-__all__ = ["GradPerturb"]
+__all__ = ["GradPerturb", "gradperturb_sigma"]
 
 
-class GradPerturb(_PGDBase):
+def gradperturb_sigma(lipschitz: float, n_iter: int, n: int, epsilon: float, delta: float) -> float:
+    """Gradient perturbation (Kang et al., Alg. 1, Thm. 1): ``σ = 8G√(T ln(1/δ))/(nε)``.
+
+    Theorem 1 states this σ (moments accountant, composition over the T iterations included)
+    for the full pairwise gradient of ℓ2 sensitivity ``4G/n``.
+
+    Examples
+    --------
+    >>> round(gradperturb_sigma(4.0, 4, 256, 1.0, 1 / 256), 4)
+    0.5887
+
+    """
+    return 8.0 * lipschitz * math.sqrt(n_iter * math.log(1.0 / delta)) / (n * epsilon)
+
+
+class GradPerturb(PGDBase):
     """Gradient perturbation for pairwise learning (Kang et al., Algorithm 1).
 
     ``θ_t = Π_C(θ_{t−1} − η(∇L(θ_{t−1}; D) + b_t))``, ``b_t ~ N(0, σ²I_p)`` with
@@ -30,8 +47,9 @@ class GradPerturb(_PGDBase):
     regulariser is used.
 
     **Composition and ledger.** Each iteration releases the full pairwise gradient, whose ℓ2
-    sensitivity is ``4G/n`` (:func:`stream_dp.privacy.mechanisms.pairwise_gradient_sensitivity`),
-    with Gaussian noise σ; it is charged as one ``GaussianEvent`` to a ``ZCDPAccountant``
+    sensitivity is ``4G/n`` (:func:`stream_dp.offline.pgd.pairwise_gradient_sensitivity`),
+    with Gaussian noise σ (the ``"gradient"`` noise purpose); it is charged as one
+    ``GaussianEvent`` to a ``ZCDPAccountant``
     (zCDP composes additively). The paper's σ, derived with the moments accountant, includes
     the composition over T: in zCDP it costs ``ρ = ε²/(8 ln(1/δ))`` in total, about half of
     the ε budget after conversion, so the ledger always shows exactly the paper's σ for
@@ -42,7 +60,7 @@ class GradPerturb(_PGDBase):
 
     Parameters
     ----------
-    task, epsilon, delta, data_radius, model_radius, seed, model_id
+    task, epsilon, delta, data_radius, model_radius, seed, reproducible, model_id
         As :class:`stream_dp.offline.OffPairStrC`.
     alpha
         Optional regulariser ``(α/2)‖θ‖²`` (the PL condition of Theorem 2 holds with it).
@@ -59,7 +77,7 @@ class GradPerturb(_PGDBase):
     >>> from stream_dp.offline import GradPerturb
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(100, 3)), rng.integers(0, 2, 100)
-    >>> model = GradPerturb(task="auc", epsilon=1.0, delta=1e-3, seed=0).fit(X, y)
+    >>> model = GradPerturb(task="auc", epsilon=1.0, delta=1e-3).fit(X, y)
     >>> model.n_iter_, len(model.accountant.ledger)
     (5, 5)
 
@@ -79,6 +97,7 @@ class GradPerturb(_PGDBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "gradperturb",
     ) -> None:
         self.task = task
@@ -91,10 +110,11 @@ class GradPerturb(_PGDBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
-    def _new_accountant(self):
-        return ZCDPAccountant(self.epsilon, self.delta, self.conversion)
+    def _new_budget(self) -> PrivacyBudget:
+        return zcdp_budget(self.epsilon, self.delta, self.conversion)
 
     def _plan(self, X, Y, noise):
         loss, constraint, c, w0 = self._setup(X)
@@ -117,7 +137,7 @@ class GradPerturb(_PGDBase):
     def _fit_private(self, X, Y):
         noise = self._make_noise()
         loss, constraint, theta0, T, eta, sens, sigma = self._plan(X, Y, noise)
-        sigma, raised = calibrate_iterations(self.accountant, sens, sigma, T)
+        sigma, raised = calibrate_iterations(self.budget_, sens, sigma, T)
         self.sigma_raised_ = raised
         if raised:
             warnings.warn(
@@ -132,8 +152,8 @@ class GradPerturb(_PGDBase):
         def gradient_noise(t, w):
             if trace is not None:
                 trace.append(w.copy())
-            self.accountant.charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
-            return noise.gaussian(t, w.shape, sigma, purpose="offline")
+            self._charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
+            return noise.gaussian(t, w.shape, sigma, purpose="gradient")
 
         theta = pgd(loss, constraint, X, Y, theta0, eta, T, "none", gradient_noise)
         self.trace_ = trace

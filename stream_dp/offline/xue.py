@@ -1,9 +1,13 @@
 """DPGDSC, DPGDC, DPGDC2, DPEGD: projected gradient descent on the full pairwise risk.
 
 Xue, Yang, Huai, Wang. *Differentially Private Pairwise Learning Revisited.* IJCAI 2021,
-Algorithms 1–4 (SPEC §7). All four minimise the empirical risk of eq. (1),
+Algorithms 1–4. All four minimise the empirical risk of eq. (1),
 ``L(w; D) = 1/(n(n−1)) Σ_{i≠j} ℓ(w; z_i, z_j)``, with the vectorised
-:meth:`stream_dp.losses.PairwiseLoss.all_pairs_gradient`.
+:meth:`stream_dp.losses.PairwiseLoss.all_pairs_gradient` and the shared optimiser of
+:mod:`stream_dp.offline.pgd`. The paper's sensitivities (Lemmas 1 and 7, the proof of
+Theorem 3) and Algorithm 2's σ are here, next to the algorithms that use them
+(``docs/algorithms.md``, *DPGDSC* to *DPEGD*). The four algorithms share the paper's lemmas,
+so they stay in one module (about 540 lines).
 """
 
 from __future__ import annotations
@@ -13,116 +17,80 @@ import warnings
 
 import numpy as np
 
-from stream_dp.constraints import ConstraintSet
-from stream_dp.losses import PairwiseLoss
-from stream_dp.offline.base import OfflinePairwiseBase, _positive, _positive_int, make_constraint
-from stream_dp.privacy.accountant import ZCDPAccountant
+from stream_dp.offline.base import _positive
+from stream_dp.offline.pgd import PGDBase, calibrate_iterations, pairwise_gradient_sensitivity, pgd
+from stream_dp.privacy.budget import PrivacyBudget, zcdp_budget
 from stream_dp.privacy.events import GaussianEvent
-from stream_dp.privacy.mechanisms import (
-    dpegd_sensitivity,
-    dpgdc2_sigma,
-    dpgdc_sensitivity,
-    dpgdsc_sensitivity,
-    gaussian_sigma_zcdp,
-    pairwise_gradient_sensitivity,
-)
 from stream_dp.privacy.noise import KeyedNoise
 
-__all__ = ["DPGDSC", "DPGDC", "DPGDC2", "DPEGD", "pgd", "calibrate_iterations"]
+__all__ = [
+    "DPEGD",
+    "DPGDC",
+    "DPGDC2",
+    "DPGDSC",
+    "dpegd_sensitivity",
+    "dpgdc2_sigma",
+    "dpgdc_sensitivity",
+    "dpgdsc_sensitivity",
+]
 
 
-def pgd(
-    loss: PairwiseLoss,
-    constraint: ConstraintSet,
-    X: np.ndarray,
-    Y: np.ndarray,
-    w0: np.ndarray,
-    eta: float,
-    n_iter: int,
-    average: str = "none",
-    gradient_noise=None,
-) -> np.ndarray:
-    """Projected gradient descent ``w_t = Π_C(w_{t−1} − η(∇L(w_{t−1}; D) + ζ_t))``.
+# -- the paper's sensitivities and calibration -------------------------------------------------
+def dpgdsc_sensitivity(lipschitz: float, alpha: float, n: int) -> float:
+    """DPGDSC (Xue et al. 2021, Alg. 1, Lemma 1, eq. 3): ``‖w_T − w'_T‖ ≤ 8G/(αn)``.
 
-    ``average``: ``"none"`` returns ``w_T``; ``"last_T"`` returns ``(w_1+…+w_T)/T``
-    (Xue Alg. 4); ``"with_start"`` returns ``(w_0+…+w_T)/(T+1)`` (Xue Alg. 2 and Lemma 9).
-    ``gradient_noise(t, w)`` returns ζ_t for the gradient queried at ``w = w_{t−1}`` (Xue
-    Alg. 2, Kang Alg. 1); None for plain PGD.
+    Holds for every T as long as ``η ≤ 2/(L+α)`` (the gradient map is then a contraction).
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from stream_dp.losses import LogisticAUCLoss
-    >>> from stream_dp.constraints import L2Ball
-    >>> X, Y = np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([1.0, -1.0])
-    >>> pgd(LogisticAUCLoss(), L2Ball(1.0), X, Y, np.zeros(2), 0.5, 50).round(3)
-    array([ 0.707, -0.707])
+    >>> dpgdsc_sensitivity(4.0, 0.5, 64)
+    1.0
 
     """
-    w = np.array(w0, dtype=float)
-    total = w.copy() if average == "with_start" else np.zeros_like(w)
-    for t in range(1, n_iter + 1):
-        g = loss.all_pairs_gradient(w, X, Y)
-        if gradient_noise is not None:
-            g = g + gradient_noise(t, w)
-        w = constraint.project(w - eta * g)
-        total += w
-    if average == "last_T":
-        return total / n_iter
-    if average == "with_start":
-        return total / (n_iter + 1)
-    return w
+    return 8.0 * lipschitz / (alpha * n)
 
 
-def calibrate_iterations(
-    accountant: ZCDPAccountant, sensitivity: float, sigma: float, n_iter: int
-) -> tuple[float, bool]:
-    """σ for ``n_iter`` Gaussian gradient releases that fit the zCDP budget.
+def dpgdc_sensitivity(lipschitz: float, eta: float, n_iter: int, n: int) -> float:
+    """DPGDC (Xue et al. 2021, Alg. 4, Lemma 7, eq. 7): average of PGD iterates, ``4GηT/n``.
 
-    Returns ``(σ, raised)``: the paper's σ when ``n_iter·Δ²/(2σ²) ≤ ρ_budget``, otherwise the
-    smallest σ that fits (the paper's composition argument is then not backed by the ledger's
-    rigorous conversion, and we say so).
+    Holds for ``η ≤ 2/L`` (the gradient map of a convex L-smooth loss is then non-expansive).
 
     Examples
     --------
-    >>> from stream_dp.privacy import ZCDPAccountant
-    >>> acc = ZCDPAccountant(epsilon=1.0, delta=1e-5)
-    >>> calibrate_iterations(acc, sensitivity=0.05, sigma=1.0, n_iter=10)
-    (1.0, False)
-    >>> sigma, raised = calibrate_iterations(acc, sensitivity=1.0, sigma=1.0, n_iter=10)
-    >>> raised and 10 / (2 * sigma**2) <= acc.rho_budget
-    True
+    >>> dpgdc_sensitivity(4.0, 0.5, 10, 80)
+    1.0
 
     """
-    rho_each = sensitivity**2 / (2.0 * sigma**2)
-    budget = accountant.rho_budget * (1.0 - 1e-9)  # shave: n correctly rounded ρ's never overrun
-    if n_iter * rho_each <= budget:
-        return sigma, False
-    return gaussian_sigma_zcdp(sensitivity, budget / n_iter), True
+    return 4.0 * lipschitz * eta * n_iter / n
 
 
-class _PGDBase(OfflinePairwiseBase):
-    def _loss(self) -> PairwiseLoss:
-        return self._regularized(float(self.alpha))
+def dpegd_sensitivity(lipschitz: float, eta_i: float) -> float:
+    """DPEGD epoch i (Xue et al. 2021, Alg. 3, proof of Thm. 3): ``4Gη_i T_i/n_i = 4Gη_i``.
 
-    def _check_params(self) -> None:
-        if isinstance(self.alpha, bool) or not (
-            isinstance(self.alpha, int | float) and self.alpha >= 0 and math.isfinite(self.alpha)
-        ):
-            raise ValueError(f"alpha must be a finite number >= 0, got {self.alpha!r}")
-        _positive_int("n_iter", self.n_iter)
-        _positive("eta", self.eta, allow_none=True)
+    Lemma 7 with ``T_i = n_i`` steps on the ``n_i`` records of part i.
 
-    def _setup(self, X: np.ndarray):
-        constraint = make_constraint(self.task, float(self.model_radius))
-        loss = self._loss()
-        c = self._constants(loss)
-        self.constants_ = c
-        w0 = np.zeros(loss.param_shape(X.shape[1]))
-        return loss, constraint, c, w0
+    Examples
+    --------
+    >>> dpegd_sensitivity(4.0, 0.125)
+    2.0
+
+    """
+    return 4.0 * lipschitz * eta_i
 
 
-class DPGDSC(_PGDBase):
+def dpgdc2_sigma(lipschitz: float, n_iter: int, n: int, epsilon: float, delta: float) -> float:
+    """DPGDC2 (Xue et al. 2021, Alg. 2 step 2): ``σ = 4G√(1.25·T·ln(1/δ))/(nε)`` per iteration.
+
+    Examples
+    --------
+    >>> round(dpgdc2_sigma(4.0, 100, 256, 1.0, 1 / 256), 4)
+    1.6455
+
+    """
+    return 4.0 * lipschitz * math.sqrt(1.25 * n_iter * math.log(1.0 / delta)) / (n * epsilon)
+
+
+class DPGDSC(PGDBase):
     """DP gradient descent, strongly convex (Xue et al., IJCAI 2021, Algorithm 1).
 
     Full-gradient PGD ``w_t = Π_C(w_{t−1} − η∇L(w_{t−1}; D))`` from ``w_0 = 0`` on the
@@ -142,7 +110,7 @@ class DPGDSC(_PGDBase):
 
     Parameters
     ----------
-    task, epsilon, delta, data_radius, model_radius, seed, model_id
+    task, epsilon, delta, data_radius, model_radius, seed, reproducible, model_id
         As :class:`stream_dp.offline.OffPairStrC`.
     alpha
         λ of ``(λ/2)‖w‖²`` = the strong convexity (the paper: 1e-3 AUC, 1e-2 metric).
@@ -158,7 +126,7 @@ class DPGDSC(_PGDBase):
     >>> from stream_dp.offline import DPGDSC
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(50, 3)), rng.integers(0, 2, 50)
-    >>> model = DPGDSC(task="auc", epsilon=1.0, delta=1e-3, alpha=1.0, n_iter=20, seed=0)
+    >>> model = DPGDSC(task="auc", epsilon=1.0, delta=1e-3, alpha=1.0, n_iter=20)
     >>> model.fit(X, y).private_weights.shape
     (3,)
     >>> float(model.sensitivity_) == 8 * model.constants_.lipschitz / (1.0 * 50)
@@ -177,6 +145,7 @@ class DPGDSC(_PGDBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "dpgdsc",
     ) -> None:
         self.task = task
@@ -188,6 +157,7 @@ class DPGDSC(_PGDBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _check_params(self) -> None:
@@ -214,7 +184,7 @@ class DPGDSC(_PGDBase):
         return self._perturb_output(stat, sens, constraint, noise, step=0)
 
 
-class DPGDC(_PGDBase):
+class DPGDC(PGDBase):
     """DP gradient descent, general convex (Xue et al., IJCAI 2021, Appendix C.3, Algorithm 4).
 
     Full-gradient PGD with ``η ≤ 2/L`` from ``w_0 = 0`` for T steps; the average
@@ -222,7 +192,8 @@ class DPGDC(_PGDBase):
 
     * δ > 0: ``σ = 4√(2 ln(1.25/δ)) GTη/(nε)`` (Alg. 4 step 5);
     * δ = 0: Laplace ``λ = 4GηT√p/(nε)`` per coordinate. **The paper's step 6 returns the
-      average without adding ζ** (a typo: it would not be private); we add it (SPEC §9.3).
+      average without adding ζ** (a typo: it would not be private); we add it
+      (``docs/algorithms.md``, *Where the project departs from the papers*, 3).
 
     The sensitivity ``4GηT/n`` is Lemma 7 (eq. 7). **Guarantee:** (ε, δ)- or ε-DP
     (Theorem 4), one ledger event. **Cost:** O(T·n²) pair evaluations.
@@ -244,7 +215,7 @@ class DPGDC(_PGDBase):
     >>> from stream_dp.offline import DPGDC
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(64, 3)), rng.integers(0, 2, 64)
-    >>> model = DPGDC(task="auc", epsilon=1.0, delta=0.0, seed=0).fit(X, y)
+    >>> model = DPGDC(task="auc", epsilon=1.0, delta=0.0).fit(X, y)
     >>> model.n_iter_, model.accountant.spent()
     (8, (1.0, 0.0))
 
@@ -261,6 +232,7 @@ class DPGDC(_PGDBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "dpgdc",
     ) -> None:
         self.task = task
@@ -272,6 +244,7 @@ class DPGDC(_PGDBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _statistic(self, X, Y, noise):
@@ -296,7 +269,7 @@ class DPGDC(_PGDBase):
         return self._perturb_output(stat, sens, constraint, noise, step=0)
 
 
-class DPGDC2(_PGDBase):
+class DPGDC2(PGDBase):
     """Noisy projected gradient descent, general convex (Xue et al., IJCAI 2021, Algorithm 2).
 
     ``w_t = Π_C(w_{t−1} − η(∇L(w_{t−1}; D) + ζ_t))``, ``ζ_t ~ N(0, σ²I)`` with
@@ -306,15 +279,16 @@ class DPGDC2(_PGDBase):
 
     **Composition and ledger.** Each iteration releases one Gaussian gradient with ℓ2
     sensitivity ``4G/n`` (the full pairwise gradient,
-    :func:`stream_dp.privacy.mechanisms.pairwise_gradient_sensitivity`). The paper's σ already
-    includes the composition over T (by advanced composition, proof omitted). Here every
-    iteration is charged to a ``ZCDPAccountant`` as one ``GaussianEvent(step=t, 4G/n, σ)``;
-    zCDP composes exactly and is converted to (ε, δ) rigorously (``conversion``). The paper's σ
-    gives ``ρ = ε²/(2.5 ln(1/δ))`` in total, which fits the (ε, δ) budget for moderate ε
-    (e.g. ε ≤ 1.5 at δ = 1/n, n ≤ 512) — then the ledger shows exactly the paper's σ. Where it
-    does not fit (e.g. ε = 2, δ = 1/256 under the tight conversion), σ is raised to the smallest
-    value that does, with a warning, and ``sigma_raised_`` is True: the paper's claim is not
-    backed by our accountant there and we never overspend.
+    :func:`stream_dp.offline.pgd.pairwise_gradient_sensitivity`), drawn under the ``"gradient"``
+    noise purpose. The paper's σ already includes the composition over T (by advanced
+    composition, proof omitted). Here every iteration is charged to a ``ZCDPAccountant`` as one
+    ``GaussianEvent(step=t, 4G/n, σ)``; zCDP composes exactly and is converted to (ε, δ)
+    rigorously (``conversion``). The paper's σ gives ``ρ = ε²/(2.5 ln(1/δ))`` in total, which
+    fits the (ε, δ) budget for moderate ε (e.g. ε ≤ 1.5 at δ = 1/n, n ≤ 512) — then the ledger
+    shows exactly the paper's σ. Where it does not fit (e.g. ε = 2, δ = 1/256 under the tight
+    conversion), σ is raised to the smallest value that does, with a warning, and
+    ``sigma_raised_`` is True: the paper's claim is not backed by our accountant there and we
+    never overspend.
 
     **Guarantee.** (ε, δ)-DP, ``accountant.spent() ≤ (ε, δ)``; δ > 0 only.
     **Cost.** O(T·n²) pair evaluations, T ≤ n.
@@ -338,7 +312,7 @@ class DPGDC2(_PGDBase):
     >>> from stream_dp.offline import DPGDC2
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(40, 3)), rng.integers(0, 2, 40)
-    >>> model = DPGDC2(task="auc", epsilon=1.0, delta=1e-3, seed=0).fit(X, y)
+    >>> model = DPGDC2(task="auc", epsilon=1.0, delta=1e-3).fit(X, y)
     >>> len(model.accountant.ledger) == model.n_iter_, model.sigma_raised_
     (True, False)
     >>> model.accountant.spent()[0] <= 1.0
@@ -360,6 +334,7 @@ class DPGDC2(_PGDBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "dpgdc2",
     ) -> None:
         self.task = task
@@ -372,10 +347,11 @@ class DPGDC2(_PGDBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
-    def _new_accountant(self):
-        return ZCDPAccountant(self.epsilon, self.delta, self.conversion)
+    def _new_budget(self) -> PrivacyBudget:
+        return zcdp_budget(self.epsilon, self.delta, self.conversion)
 
     def _plan(self, X, Y):
         loss, constraint, c, w0 = self._setup(X)
@@ -397,7 +373,7 @@ class DPGDC2(_PGDBase):
     def _fit_private(self, X, Y):
         noise = self._make_noise()
         loss, constraint, w0, T, eta, sens, sigma = self._plan(X, Y)
-        sigma, raised = calibrate_iterations(self.accountant, sens, sigma, T)
+        sigma, raised = calibrate_iterations(self.budget_, sens, sigma, T)
         self.sigma_raised_ = raised
         if raised:
             warnings.warn(
@@ -413,8 +389,8 @@ class DPGDC2(_PGDBase):
         def gradient_noise(t, w):
             if trace is not None:
                 trace.append(w.copy())  # the iterate whose gradient is released (audits)
-            self.accountant.charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
-            return noise.gaussian(t, w.shape, sigma, purpose="offline")
+            self._charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
+            return noise.gaussian(t, w.shape, sigma, purpose="gradient")
 
         out = pgd(loss, constraint, X, Y, w0, eta, T, "with_start", gradient_noise)
         self.trace_ = trace
@@ -425,7 +401,7 @@ class DPGDC2(_PGDBase):
         return pgd(loss, constraint, X, Y, w0, eta, T, "with_start"), sens, constraint
 
 
-class DPEGD(_PGDBase):
+class DPEGD(PGDBase):
     """DP epoch gradient descent, general convex (Xue et al., IJCAI 2021, Algorithm 3).
 
     The records (in a keyed random order) are split into ``k = ⌊log₂ n⌋`` disjoint parts,
@@ -464,7 +440,7 @@ class DPEGD(_PGDBase):
     >>> from stream_dp.offline import DPEGD
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(64, 3)), rng.integers(0, 2, 64)
-    >>> model = DPEGD(task="auc", epsilon=1.0, delta=1e-3, seed=0).fit(X, y)
+    >>> model = DPEGD(task="auc", epsilon=1.0, delta=1e-3).fit(X, y)
     >>> [e["n"] for e in model.epochs_]
     [32, 16, 8, 4, 2, 2]
     >>> model.accountant.spent()
@@ -484,6 +460,7 @@ class DPEGD(_PGDBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "dpegd",
     ) -> None:
         self.task = task
@@ -494,6 +471,7 @@ class DPEGD(_PGDBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _partition(self, n: int, noise: KeyedNoise) -> list[np.ndarray]:
@@ -548,7 +526,7 @@ class DPEGD(_PGDBase):
         if add_noise and epochs[-1]["event"] is not None:
             # Parallel composition: every epoch has the same (ε, δ) on a disjoint part, so the
             # run costs one epoch's guarantee; the ledger records it once (the last epoch).
-            self.accountant.charge(epochs[-1]["event"])
+            self._charge(epochs[-1]["event"])
         return w, epochs, constraint
 
     def _fit_private(self, X, Y):

@@ -1,7 +1,9 @@
 """PairwiseSGD: pairwise SGD with output perturbation, for non-smooth (hinge) losses.
 
 Yang, Lei, Lyu, Ying. *Stability and Differential Privacy of Stochastic Gradient Descent for
-Pairwise Learning with Non-Smooth Loss.* AISTATS 2021, Algorithm 2, Theorems 1 and 4 (SPEC §7).
+Pairwise Learning with Non-Smooth Loss.* AISTATS 2021, Algorithm 2, Theorems 1 and 4. The
+high-probability sensitivity (Theorem 1) and its Gaussian calibration (Theorem 4) are here
+(``docs/algorithms.md``, *PairwiseSGD*).
 """
 
 from __future__ import annotations
@@ -12,13 +14,61 @@ import numpy as np
 
 from stream_dp.losses import get_loss
 from stream_dp.offline.base import OfflinePairwiseBase, _positive, _positive_int, make_constraint
-from stream_dp.privacy.mechanisms import (
-    gaussian_sigma_analytic,
-    pairwise_sgd_sensitivity,
-    pairwise_sgd_sigma,
-)
+from stream_dp.privacy.mechanisms import gaussian_sigma_analytic
 
-__all__ = ["PairwiseSGD"]
+__all__ = ["PairwiseSGD", "pairwise_sgd_sensitivity", "pairwise_sgd_sigma"]
+
+
+def pairwise_sgd_sensitivity(
+    lipschitz: float, eta: float, n_iter: int, n: int, delta: float
+) -> float:
+    """High-probability ℓ2 sensitivity of Yang et al.'s (AISTATS 2021) averaged pairwise SGD.
+
+    With probability ≥ 1 − δ/2 over the sampled indices (Thm. 1, eq. 3, γ = δ/2),
+    ``Δ_T² ≤ 4eη²G²·B`` where, with ``l = ln(2/δ)``,
+
+    * for ``T ≥ n``: ``B = T + 3T² ln²(eT) l²/n²`` (eq. 9, the form behind eq. 5; it
+      upper-bounds eq. 3 when T ≥ n);
+    * for ``T < n``, where eq. (9) does not hold: ``B = T + ln²(eT)·(T/n + l + √(T l/n))²``
+      (eq. 3 at t = T, valid for every T).
+
+    Note the factor **e**: eq. (5) of the paper drops the ``e`` of eqs. (3) and (9); we keep
+    it, so for T ≥ n σ² is exactly e times eq. (5) (``docs/algorithms.md``, *Where the project
+    departs from the papers*, 6).
+
+    Examples
+    --------
+    >>> round(pairwise_sgd_sensitivity(2.0, 0.01, 100, 100, 1e-3), 4)
+    4.911
+
+    """
+    if not (0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    T, ell = float(n_iter), math.log(2.0 / delta)
+    log_et = math.log(math.e * T)
+    if n_iter >= n:
+        b = T + 3.0 * T**2 * log_et**2 * ell**2 / n**2
+    else:
+        b = T + log_et**2 * (T / n + ell + math.sqrt(T * ell / n)) ** 2
+    return math.sqrt(4.0 * math.e * eta**2 * lipschitz**2 * b)
+
+
+def pairwise_sgd_sigma(
+    lipschitz: float, eta: float, n_iter: int, n: int, epsilon: float, delta: float
+) -> float:
+    """Yang et al. (AISTATS 2021) Alg. 2 / Thm. 4: ``σ = √(2 ln(2.5/δ))·Δ_T/ε``.
+
+    ``Δ_T`` is :func:`pairwise_sgd_sensitivity`; for ``T ≥ n`` this is
+    ``σ² = e·(8η²G² ln(2.5/δ)/ε²)(T + 3T² ln²(eT) ln²(2/δ)/n²)`` — eq. (5) times e.
+
+    Examples
+    --------
+    >>> round(pairwise_sgd_sigma(2.0, 0.01, 100, 100, 1.0, 1e-3), 3)
+    19.427
+
+    """
+    delta_t = pairwise_sgd_sensitivity(lipschitz, eta, n_iter, n, delta)
+    return math.sqrt(2.0 * math.log(2.5 / delta)) * delta_t / epsilon
 
 
 class PairwiseSGD(OfflinePairwiseBase):
@@ -32,7 +82,7 @@ class PairwiseSGD(OfflinePairwiseBase):
     **Noise.** With probability ≥ 1 − δ/2 over the indices the sensitivity of ``w̄_T`` is at
     most ``Δ_T`` with ``Δ_T² = 4eη²G²(T + 3T² ln²(eT) ln²(2/δ)/n²)`` (Thm. 1, eq. 9, T ≥ n;
     for T < n the general eq. 3 at t = T), and the Gaussian is calibrated to (ε, δ/2):
-    ``σ = √(2 ln(2.5/δ))·Δ_T/ε`` (Thm. 4). For T ≥ n this is ``e`` times SPEC §7's
+    ``σ = √(2 ln(2.5/δ))·Δ_T/ε`` (Thm. 4). For T ≥ n this is ``e`` times eq. (5)'s
     ``σ² = (8η²G² ln(2.5/δ)/ε²)(T + 3T² ln²(eT) ln²(2/δ)/n²)``: the paper's eq. (5) drops the
     factor e of its own eqs. (3) and (9), which would under-noise by √e; we keep it.
 
@@ -40,7 +90,7 @@ class PairwiseSGD(OfflinePairwiseBase):
     classic calibration is not (ε, δ/2)-DP — large ε — σ is raised to the exact value.)
 
     **Cost.** O(T²·d) for AUC (O(T²·d²) metric): the inner sum grows with t. The paper's
-    ``T = n²`` (Corollaries 2 and 4) costs O(n⁴d) (SPEC §9.5), so **T is a parameter with
+    ``T = n²`` (Corollaries 2 and 4) costs O(n⁴d), so **T is a parameter with
     default n** (one pass worth of sampled records, O(n²d)), and the default step size
     ``η = diam(C)/(G√(n·T))`` extends the paper's choice (``T = n², η = O(n^{−3/2})``) to any
     T. The noise stays ``Õ(ηG√T/ε)``, i.e. ``Õ(diam/(√n ε))`` with these defaults.
@@ -60,7 +110,7 @@ class PairwiseSGD(OfflinePairwiseBase):
         T; default n.
     eta
         Step size; default ``diam(C)/(G√(n·T))``.
-    epsilon, delta, data_radius, model_radius, seed, model_id
+    epsilon, delta, data_radius, model_radius, seed, reproducible, model_id
         As :class:`stream_dp.offline.OffPairStrC` (δ > 0 required).
 
     Examples
@@ -69,8 +119,8 @@ class PairwiseSGD(OfflinePairwiseBase):
     >>> from stream_dp.offline import PairwiseSGD
     >>> rng = np.random.default_rng(0)
     >>> X, y = rng.normal(size=(50, 3)), rng.integers(0, 3, 50)
-    >>> model = PairwiseSGD(task="metric", constraint="nuclear", epsilon=1.0, delta=1e-3,
-    ...                     seed=0).fit(X, y)
+    >>> model = PairwiseSGD(task="metric", constraint="nuclear", epsilon=1.0, delta=1e-3)
+    >>> model = model.fit(X, y)
     >>> float(np.linalg.eigvalsh(model.private_weights).sum()) <= 1.0 + 1e-9
     True
 
@@ -90,6 +140,7 @@ class PairwiseSGD(OfflinePairwiseBase):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         seed: int | None = None,
+        reproducible: bool = False,
         model_id: str = "pairwise-sgd",
     ) -> None:
         self.task = task
@@ -102,6 +153,7 @@ class PairwiseSGD(OfflinePairwiseBase):
         self.data_radius = data_radius
         self.model_radius = model_radius
         self.seed = seed
+        self.reproducible = reproducible
         self.model_id = model_id
 
     def _check_params(self) -> None:

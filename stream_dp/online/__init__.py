@@ -1,20 +1,25 @@
-"""Online private pairwise learners with river's interface."""
+"""Online private pairwise learners with river's interface.
+
+``OnPairStrC``, ``OnPairC`` (Huai et al. 2020, Algorithms 1–2), ``OnPairMF`` (correlated
+gradient noise: a release at every step for one charge) and the non-private ``PairwiseGIGA``,
+each a river classifier (``task="auc"``) or supervised transformer (``task="metric"``), and
+``PrivateMetricKNN``, a kNN classifier on a private learned metric.
+"""
 
 from __future__ import annotations
 
-from stream_dp.online.base import huai_step_size, huai_warmup
 from stream_dp.online.giga import PairwiseGIGA
 from stream_dp.online.interfaces import PrivateMetricDistance
 from stream_dp.online.knn import PrivateMetricKNN
 from stream_dp.online.onpairc import OnPairC
+from stream_dp.online.onpairmf import OnPairMF
 from stream_dp.online.onpairstrc import OnPairStrC
 
 __all__ = [
     "OnPairC",
+    "OnPairMF",
     "OnPairStrC",
     "PairwiseGIGA",
     "PrivateMetricDistance",
     "PrivateMetricKNN",
-    "huai_step_size",
-    "huai_warmup",
 ]

@@ -2,7 +2,7 @@
 
 Both read the model through ``_served_weights()`` — the latest release (or the smoothed
 release) for the private learners — never the internal iterate: predictions leave the trust
-boundary too (SPEC §6).
+boundary too (``docs/privacy.md``, *Threat model*).
 
 """
 
@@ -14,19 +14,9 @@ import numpy as np
 from river import base
 from scipy import special
 
-from stream_dp import _kernels
-from stream_dp._kernels import sym_eigh
+from stream_dp.linalg import apply_sqrt_factors, psd_sqrt, sqrt_factors
 
-__all__ = [
-    "AUCInterface",
-    "MetricInterface",
-    "PrivateMetricDistance",
-    "psd_sqrt",
-    "sqrt_factors",
-    "sqrt_from_eigh",
-]
-
-_EPS = float(np.finfo(float).eps)
+__all__ = ["AUCInterface", "MetricInterface", "PrivateMetricDistance"]
 
 
 class AUCInterface(base.Classifier):
@@ -89,98 +79,6 @@ class AUCInterface(base.Classifier):
         return self.score_many(X) > 0.0
 
 
-def sqrt_factors(lam: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(L, R)`` with ``L @ R = V·diag(√λ)·Vᵀ``: ``L = V₊·diag(√λ₊)``, ``R = V₊ᵀ``.
-
-    ``lam`` is ascending, as :func:`sym_eigh` returns it; ``V₊`` keeps the eigenvectors whose
-    eigenvalue is above the rounding level (≤ d·eps·max λ counts as exactly 0). A PSD matrix
-    rebuilt from its eigenpairs has its zero eigenvalues back only up to rounding (±1e-17
-    instead of 0), and ``√1e-17 ≈ 3e-9`` would be pure rounding noise in the root; cutting at
-    the rounding level makes the root the same whether it is taken from the eigenpairs the
-    projection computed or from a fresh decomposition of the released matrix. A noisy release
-    keeps about half of its eigenpairs, so ``L @ (R @ x)`` costs no more than one product with
-    the d × d root, and the root itself is never built.
-    """
-    fns = _compiled_root()
-    if fns is not None:
-        return fns[0](lam, V, _sqrt_cut(lam))
-    return _root_factors(lam, V, _sqrt_cut(lam))
-
-
-def _sqrt_cut(lam: np.ndarray) -> float:
-    n = lam.shape[0]
-    return n * _EPS * max(float(lam[-1]), 0.0) if n else 0.0
-
-
-def _root_factors(lam, V, cut):
-    k = int(np.searchsorted(lam, cut, side="right"))
-    Vk = V[:, k:]
-    return Vk * np.sqrt(lam[k:]), Vk.T.copy()  # copies: V may be a buffer the kernel reuses
-
-
-def _root_factors_loops(lam, V, cut):  # pragma: no cover - compiled with numba only
-    """:func:`_root_factors` element by element (the same products: bit for bit)."""
-    n = lam.shape[0]
-    k = 0
-    while k < n and lam[k] <= cut:
-        k += 1
-    m = n - k
-    L = np.empty((n, m))
-    R = np.empty((m, n))
-    for j in range(m):
-        r = math.sqrt(lam[k + j])
-        for i in range(n):
-            vij = V[i, k + j]
-            L[i, j] = vij * r
-            R[j, i] = vij
-    return L, R
-
-
-def _apply_factors_loops(L, R, v):  # pragma: no cover - compiled with numba only
-    """``L @ (R @ v)`` (summed in order; NumPy's BLAS sums in blocks: equal to ~1e-16)."""
-    m, n = R.shape
-    t = np.empty(m)
-    for j in range(m):
-        acc = 0.0
-        for i in range(n):
-            acc += R[j, i] * v[i]
-        t[j] = acc
-    out = np.empty(L.shape[0])
-    for i in range(L.shape[0]):
-        acc = 0.0
-        for j in range(m):
-            acc += L[i, j] * t[j]
-        out[i] = acc
-    return out
-
-
-# [(factors, apply) compiled], filled on first use with numba active: the transform of one
-# record is a handful of tiny array operations, where NumPy's per-call overhead dominates.
-_ROOT_NB: list = []
-
-
-def _compiled_root():
-    if not _kernels.numba_active():
-        return None
-    if not _ROOT_NB:
-        njit = _kernels.numba.njit(cache=True)
-        _ROOT_NB.append((njit(_root_factors_loops), njit(_apply_factors_loops)))
-    return _ROOT_NB[0]
-
-
-def sqrt_from_eigh(lam: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """``V·diag(√λ)·Vᵀ``, eigenvalues at rounding level (≤ d·eps·max λ) treated as exactly 0
-    (see :func:`sqrt_factors`)."""
-    L, R = sqrt_factors(lam, V)
-    return L @ R
-
-
-def psd_sqrt(W: np.ndarray) -> np.ndarray:
-    """Symmetric square root of a PSD matrix (eigenvalues at rounding level or below: 0)."""
-    lam, V = sym_eigh(0.5 * (W + W.T))
-    return sqrt_from_eigh(lam, V)
-
-
 class MetricInterface(base.SupervisedTransformer):
     """Mahalanobis metric learning as a river supervised transformer.
 
@@ -201,8 +99,7 @@ class MetricInterface(base.SupervisedTransformer):
         _, L, R = cache
         if R is None:
             return L @ v
-        fns = _compiled_root()
-        return L @ (R @ v) if fns is None else fns[1](L, R, v)
+        return apply_sqrt_factors(L, R, v)
 
     def _served_factors(self) -> tuple[np.ndarray, np.ndarray] | None:
         return None

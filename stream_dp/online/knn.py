@@ -67,7 +67,7 @@ class PrivateMetricKNN(base.Classifier):
 
     @classmethod
     def _unit_test_params(cls):
-        from stream_dp.online._params import river_check_params
         from stream_dp.online.onpairstrc import OnPairStrC
+        from stream_dp.online.params import river_check_params
 
         yield {"metric": OnPairStrC(**river_check_params("metric", multiclass=True))}

@@ -1,7 +1,7 @@
 """Sealed ledger chunks: fixed-size runs of charges in compact, lossless encodings.
 
 A ledger that releases at every step grows by one charge per record for ever, so its storage is
-split into chunks of :data:`CHUNK` charges. The open chunk (in :mod:`.accountant`) takes appends;
+split into chunks of :data:`CHUNK` charges. The open chunk (in :mod:`.ledger`) takes appends;
 once full it is *sealed* into a :class:`Chunk`: exact-size NumPy arrays that are never
 reallocated, so the ledger's memory is the sum of its chunks and growth never copies the past.
 
@@ -33,7 +33,7 @@ __all__ = ["CHUNK", "Chunk", "ChunkCorrupt"]
 #: journal read for an old step stay cheap.
 CHUNK = 8192
 
-_APPROX = 2  # the mechanism code of ApproxDPEvent (accountant._MECH_CODES["gaussian-approx"])
+_APPROX = 2  # the mechanism code of ApproxDPEvent (ledger.MECHANISM_CODES["gaussian-approx"])
 _MAGIC = b"SDPC"
 _HEAD = struct.Struct("<4sBBxxqqqq")  # magic, step form, mech form, n, n steps, n mech, n sparse
 _RAW, _RUNS = 0, 1

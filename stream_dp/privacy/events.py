@@ -9,9 +9,40 @@ own cost, so the ledger never stores a number that is not derivable from the mec
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
-__all__ = ["GaussianEvent", "LaplaceEvent", "ApproxDPEvent", "Event", "gaussian_rho"]
+__all__ = [
+    "ApproxDPEvent",
+    "Event",
+    "GaussianEvent",
+    "LaplaceEvent",
+    "GAUSSIAN_MECHANISMS",
+    "NeighbouringRelation",
+    "gaussian_rho",
+]
+
+#: The names a Gaussian release may be charged under: one per component that can share a
+#: budget (a model's releases, its correlated gradient noise, a private scaler, private operator
+#: metrics), so that the ledger tells their charges apart and each step can carry one of each.
+GAUSSIAN_MECHANISMS = (
+    "gaussian",
+    "gaussian-correlated",
+    "gaussian-scaler",
+    "gaussian-metrics",
+)
+
+
+class NeighbouringRelation(enum.Enum):
+    """Which datasets (streams) count as neighbours: what one guarantee protects.
+
+    Every mechanism of the project is calibrated for :attr:`REPLACE_ONE` — two streams of the
+    same length differing in one record, anywhere, features and label (``docs/privacy.md``,
+    *Privacy unit and neighbouring streams*). An accountant composes only events calibrated for
+    its relation.
+    """
+
+    REPLACE_ONE = "replace-one"
 
 
 def gaussian_rho(sensitivity: float, sigma: float) -> float:
@@ -52,6 +83,9 @@ class GaussianEvent:
             raise ValueError(f"sensitivity must be finite and >= 0, got {self.sensitivity!r}")
         if not self.sigma > 0:
             raise ValueError(f"sigma must be > 0, got {self.sigma!r}")
+        if self.mechanism not in GAUSSIAN_MECHANISMS:
+            raise ValueError(f"a Gaussian mechanism is one of {GAUSSIAN_MECHANISMS}, got "
+                             f"{self.mechanism!r}")  # fmt: skip
 
     @property
     def rho(self) -> float:

@@ -1,11 +1,11 @@
 """The ledger journal: sealed ledger chunks in an append-only, checksummed file.
 
-With a journal, an accountant keeps only its open chunk and a small index in memory: every sealed
-chunk (:mod:`._chunks`, :data:`~._chunks.CHUNK` charges) is appended to the file and dropped from
-RAM, and reads of old charges (:attr:`ledger`, replay detection for an old step, ``verify``) go
-to the file. A checkpoint then stores the journal's *reference* — its length, the SHA-256 of
-those bytes and the chunk count — plus the open chunk, instead of the whole ledger: O(chunk)
-per checkpoint instead of O(n).
+With a journal, a ledger (:mod:`.ledger`) keeps only its open chunk and a small index in
+memory: every sealed chunk (:mod:`._chunks`, :data:`~._chunks.CHUNK` charges) is appended to the
+file and dropped from RAM, and reads of old charges (the events, replay detection for an old
+step, ``verify``) go to the file. A checkpoint then stores the journal's *reference* — its
+length, the SHA-256 of those bytes and the chunk count — plus the open chunk, instead of the
+whole ledger: O(chunk) per checkpoint instead of O(n).
 
 File format: ``b"STREAMDP-LEDGER\\x00"`` · format byte · kind length byte · kind (``zcdp``,
 ``pure``, ``approx``) · chunk records (:meth:`Chunk.to_bytes`: header, arrays, SHA-256).
@@ -63,26 +63,26 @@ def _fsync_dir(path: Path) -> None:
 class Journal:
     """Sealed chunks on disk, with their step ranges in memory (use :meth:`create`/:meth:`restore`).
 
-    Behaves like the in-memory list of sealed chunks the accountant otherwise keeps:
+    Behaves like the in-memory list of sealed chunks the ledger otherwise keeps:
     ``append``, ``len``, indexing and iteration (each access reads and checks one record).
 
     Examples
     --------
     >>> import os, tempfile
     >>> from stream_dp.privacy.accountant import ZCDPAccountant, accountant_from_dict
-    >>> acc = ZCDPAccountant(epsilon=1e6, delta=1e-5)
+    >>> acc = ZCDPAccountant(delta=1e-5)
     >>> path = os.path.join(tempfile.mkdtemp(), "model.ledger")
-    >>> acc.open_journal(path)
+    >>> acc.storage.open_journal(path)
     >>> for t in range(1, 20_001):
-    ...     acc.charge_gaussian(t, 0.1, 1.0)
-    >>> len(acc.journal), acc.nbytes()  # two sealed chunks on disk; 3,616 charges in memory
+    ...     acc.compose_gaussian(t, 0.1, 1.0)
+    >>> len(acc.storage.journal), acc.nbytes()  # two sealed chunks on disk; 3,616 in memory
     (2, 90432)
     >>> state = acc.to_dict()  # the journal's reference and the open chunk
-    >>> acc.close()
+    >>> acc.storage.close()
     >>> restored = accountant_from_dict(state)
     >>> len(restored), restored.rho_spent() == acc.rho_spent()
     (20000, True)
-    >>> restored.close()
+    >>> restored.storage.close()
 
     """
 
@@ -195,7 +195,7 @@ class Journal:
             raise
         return journal
 
-    # -- the list protocol of the accountant's sealed chunks --------------------------------
+    # -- the list protocol of the ledger's sealed chunks -----------------------------------
     def append(self, chunk: Chunk) -> None:
         if self._fd is None:
             raise JournalError(f"ledger journal {self.path} is closed; cannot record a charge")

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from stream_dp import _jit
 from stream_dp.privacy.secrets import PURPOSES, derive_key, new_secret
 
 __all__ = ["BLOCK_VALUES", "MAX_ROWS_PER_BLOCK", "KeyedNoise", "PURPOSES", "rows_per_block"]
@@ -52,12 +53,10 @@ def _compiled_fill():
     algorithms part: the values must stay those of NumPy, whatever the backend.
     """
     if not _COMPILED_FILL:
-        from stream_dp import _kernels
-
         fill = None
-        if _kernels.NUMBA_INSTALLED:
+        if _jit.NUMBA_INSTALLED:
             try:
-                fill = _kernels.numba.njit(cache=True)(_standard_normal_rows)
+                fill = _jit.njit(_standard_normal_rows)
                 key = np.array([0x243F6A8885A308D3, 0x13198A2E03707344], dtype=np.uint64)
                 for block, shape in ((0, (64, 1024)), (7, (3, 5))):
                     counter = np.array([0, 0, block, 0], dtype=np.uint64)
@@ -74,10 +73,8 @@ def _compiled_fill():
 
 def _standard_normal_block(bitgen: np.random.BitGenerator, m: int, n: int) -> np.ndarray:
     """``Generator(bitgen).standard_normal((m, n))``, compiled when the kernels are."""
-    from stream_dp import _kernels  # (imported here: numba is not needed to import this module)
-
     gen = np.random.Generator(bitgen)
-    fill = _compiled_fill() if _kernels.numba_active() else None
+    fill = _compiled_fill() if _jit.numba_active() else None
     if fill is None:
         return gen.standard_normal((m, n))
     return fill(gen, m, n)
@@ -156,8 +153,10 @@ class KeyedNoise:
             raise ValueError("steps are non-negative")
         return np.random.Generator(self._bitgen(purpose, step, _STEP_LANE))
 
-    def _block(self, block: int, size: int, purpose: str) -> np.ndarray:
-        """Standard normal rows ``(B, size)`` of block ``block`` (the latest one is cached)."""
+    def block(self, block: int, size: int, purpose: str = "release") -> np.ndarray:
+        """The standard-normal rows ``(B, size)`` of block ``block``, ``B =
+        rows_per_block(size)``: step t's row is row ``t mod B`` of block ``⌊t/B⌋`` (the latest
+        block of each purpose and size is cached; treat it as read-only)."""
         key = (purpose, size)
         hit = self._blocks.get(key)
         if hit is not None and hit[0] == block:
@@ -198,7 +197,7 @@ class KeyedNoise:
         per_block = rows_per_block(size)
         if per_block == 1:
             raise ValueError(f"{size} values per step are drawn per step, not in blocks")
-        return self._block(step // per_block, size, purpose)[step % per_block]
+        return self.block(step // per_block, size, purpose)[step % per_block]
 
     def gaussian_rows(
         self, steps: np.ndarray, size: int, sigmas: np.ndarray, purpose: str = "release"
@@ -222,13 +221,13 @@ class KeyedNoise:
         if m == 1:
             t = int(steps[0])
             r = t % per_block
-            return sigmas[0] * self._block(t // per_block, size, purpose)[r : r + 1]
+            return sigmas[0] * self.block(t // per_block, size, purpose)[r : r + 1]
         blocks = steps // per_block
         rows = steps % per_block
         out = np.empty((m, size))
         for b in np.unique(blocks):
             sel = blocks == b
-            out[sel] = self._block(int(b), size, purpose)[rows[sel]]
+            out[sel] = self.block(int(b), size, purpose)[rows[sel]]
         out *= sigmas[:, None]
         return out
 

@@ -1,0 +1,276 @@
+"""Start-up checks against a Kafka cluster, each bounded in time and ending in a diagnosis.
+
+A misconfigured deployment must fail fast with one line that says what is wrong, not retry
+forever or look like an idle stream. :func:`connect` reaches the cluster within a deadline
+(a TCP probe first, so "connection refused" and "name does not resolve" are told apart from a
+TLS or SASL problem); the other functions describe topics, create missing ones, read a topic's
+message size limit, and look for the latest message of a key at the tail of a topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "KafkaProblem",
+    "connect",
+    "ensure_topic",
+    "latest_with_key",
+    "topic_max_message_bytes",
+    "topic_partitions",
+]
+
+log = logging.getLogger(__name__)
+
+
+class KafkaProblem(RuntimeError):
+    """The cluster cannot be used as configured; the message is a one-line diagnosis."""
+
+
+class _Capture(logging.Handler):
+    """Takes kafka-python's WARNING+ lines while a probe runs: they become its diagnosis."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    @property
+    def best(self) -> str | None:
+        """The first line naming a connection failure (the cause), else the last one."""
+        for line in self.lines:
+            if "failed:" in line and "Bootstrap failed" not in line:
+                return line
+        return self.lines[-1] if self.lines else None
+
+
+def _servers(bootstrap_servers: str | Sequence[str]) -> list[str]:
+    if isinstance(bootstrap_servers, str):
+        return [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
+    return [str(s) for s in bootstrap_servers]
+
+
+def _tcp(server: str, timeout: float) -> str | None:
+    """None if ``host:port`` accepts a TCP connection, else why not."""
+    host, sep, port = server.rpartition(":")
+    if not sep or not port.isdigit():
+        return f"{server!r} is not host:port"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except socket.gaierror as err:
+        return f"host {host!r} does not resolve ({err.strerror})"
+    except TimeoutError:
+        return f"no answer within {timeout:.0f} s (firewall, or wrong host?)"
+    except OSError as err:
+        return err.strerror or str(err)
+
+
+def connect(
+    bootstrap_servers: str | Sequence[str],
+    *,
+    timeout_s: float = 20.0,
+    what: str = "Kafka",
+    **security: Any,
+) -> Any:
+    """A ``KafkaAdminClient`` connected within ``timeout_s``, or a :class:`KafkaProblem`.
+
+    Parameters
+    ----------
+    bootstrap_servers : str or list of str
+    timeout_s : float, default 20.0
+        Bound on the whole probe.
+    what : str
+        Names the configuration the servers come from, for the diagnosis
+        (e.g. ``"source.bootstrap_servers"``).
+    **security
+        ``security_protocol``, ``ssl_cafile``, ``sasl_mechanism``, ...
+
+    Raises
+    ------
+    KafkaProblem
+        No server accepts TCP connections (refused, unresolvable, silent), or TCP works but
+        no Kafka session comes up (TLS/SASL settings not those of the listener).
+
+    Examples
+    --------
+    >>> try:
+    ...     connect("127.0.0.1:1", timeout_s=2, what="source.bootstrap_servers")
+    ... except KafkaProblem as err:
+    ...     print(err)  # doctest: +ELLIPSIS
+    cannot reach Kafka at 127.0.0.1:1 (source.bootstrap_servers): ...: Connection refused; ...
+    """
+    from kafka import KafkaAdminClient
+
+    servers = _servers(bootstrap_servers)
+    if not servers:
+        raise KafkaProblem(f"{what} is empty")
+    started = time.monotonic()
+    tcp = {s: _tcp(s, min(5.0, timeout_s / 2)) for s in servers}
+    if all(tcp.values()):
+        why = "; ".join(f"{s}: {e}" for s, e in tcp.items())
+        raise KafkaProblem(
+            f"cannot reach Kafka at {', '.join(servers)} ({what}): {why}; is the broker "
+            "running and the address right?"
+        )
+    protocol = str(security.get("security_protocol", "PLAINTEXT")).upper()
+    left = max(2.0, timeout_s - (time.monotonic() - started))
+    capture = _Capture()
+    kafka_log = logging.getLogger("kafka")
+    # While probing, kafka-python's lines go to the diagnosis only, not to the log as well.
+    saved = kafka_log.propagate, kafka_log.level
+    kafka_log.propagate = False
+    kafka_log.setLevel(logging.WARNING)
+    kafka_log.addHandler(capture)
+    try:
+        return KafkaAdminClient(
+            bootstrap_servers=servers,
+            bootstrap_timeout_ms=int(left * 1000),
+            request_timeout_ms=int(min(left, 15.0) * 1000),
+            **security,
+        )
+    except Exception as err:  # noqa: BLE001 - every failure becomes a diagnosis
+        detail = capture.best or str(err)
+        if "SSL" in protocol:
+            hint = "is that listener TLS? (a PLAINTEXT listener drops the TLS handshake)"
+        elif "SASL" in protocol:
+            hint = "check the SASL mechanism and credentials"
+        else:
+            hint = "does that listener need TLS or SASL (security settings)?"
+        raise KafkaProblem(
+            f"TCP to {', '.join(s for s, e in tcp.items() if e is None)} works but no Kafka "
+            f"session came up within {left:.0f} s with security_protocol={protocol} ({what}): "
+            f"{detail}; {hint}"
+        ) from None
+    finally:
+        kafka_log.removeHandler(capture)
+        kafka_log.propagate, _ = saved
+        kafka_log.setLevel(saved[1])
+
+
+def topic_partitions(admin: Any, topics: Sequence[str]) -> dict[str, int | None]:
+    """Number of partitions of each topic (None: the topic does not exist).
+
+    Raises
+    ------
+    KafkaProblem
+        The cluster refuses to describe a topic (not authorised, invalid name).
+    """
+    from kafka.errors import for_code
+
+    out: dict[str, int | None] = {}
+    for t in admin.describe_topics(list(topics)):
+        err = for_code(t["error_code"])
+        if err.__name__ == "UnknownTopicOrPartitionError":
+            out[t["name"]] = None
+        elif t["error_code"]:
+            raise KafkaProblem(f"cannot describe topic {t['name']!r}: {err.__name__}")
+        else:
+            out[t["name"]] = len(t["partitions"])
+    return out
+
+
+def ensure_topic(admin: Any, topic: str, partitions: int = 1) -> bool:
+    """Create ``topic`` if it does not exist; return True if it was created.
+
+    The broker's defaults apply to everything else (replication factor, retention).
+
+    Raises
+    ------
+    KafkaProblem
+        It could not be created (not authorised, invalid name, ...).
+    """
+    from kafka.errors import TopicAlreadyExistsError
+
+    if topic_partitions(admin, [topic]).get(topic) is not None:
+        return False
+    try:
+        admin.create_topics({topic: {"num_partitions": partitions}}, wait_for_metadata=True)
+    except TopicAlreadyExistsError:
+        return False  # created by someone else meanwhile
+    except Exception as err:  # noqa: BLE001 - a one-line diagnosis
+        raise KafkaProblem(f"topic {topic!r} does not exist and cannot be created: {err}") from None
+    return True
+
+
+def topic_max_message_bytes(admin: Any, topic: str) -> int | None:
+    """The topic's ``max.message.bytes`` (the broker's limit on one record batch), or None."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    try:
+        result = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": None})],
+            config_filter="all",
+        )
+    except Exception as err:  # noqa: BLE001 - the limit is advisory; the send would still fail
+        log.debug("cannot read max.message.bytes of %s: %s", topic, err)
+        return None
+    try:
+        entry = result["topic"][topic]["max.message.bytes"]
+        value = entry["value"] if isinstance(entry, dict) else entry
+        return int(value)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def latest_with_key(
+    bootstrap_servers: str | Sequence[str],
+    topic: str,
+    key: bytes,
+    *,
+    tail: int = 2000,
+    timeout_s: float = 15.0,
+    **security: Any,
+) -> bytes | None:
+    """The value of the newest committed message with ``key`` among the last ``tail`` of each
+    partition of ``topic``, or None.
+
+    Raises
+    ------
+    kafka.errors.KafkaError
+        The cluster did not answer in time.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        request_timeout_ms=int(timeout_s * 1000) + 1000,
+        bootstrap_timeout_ms=int(timeout_s * 1000),
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        **security,
+    )
+    try:
+        parts = sorted(consumer.partitions_for_topic(topic) or ())
+        tps = [TopicPartition(topic, p) for p in parts]
+        if not tps:
+            return None
+        ends = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        begins = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        todo = {tp: ends[tp] for tp in tps if ends[tp] > begins[tp]}
+        if not todo:
+            return None
+        consumer.assign(list(todo))
+        for tp in todo:
+            consumer.seek(tp, max(begins[tp], ends[tp] - tail))
+        newest: tuple[int, bytes] | None = None
+        deadline = time.monotonic() + timeout_s
+        while todo and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                for rec in records:
+                    if rec.key == key and (newest is None or rec.timestamp >= newest[0]):
+                        newest = (rec.timestamp, rec.value)
+            for tp in list(todo):
+                # Transaction markers occupy offsets too: done when the position reaches the end.
+                if consumer.position(tp, timeout_ms=int(timeout_s * 1000)) >= todo[tp]:
+                    del todo[tp]
+        return None if newest is None else newest[1]
+    finally:
+        consumer.close(autocommit=False)

@@ -1,0 +1,341 @@
+"""Atomic publication to Kafka: one transactional producer, one transaction per batch.
+
+:class:`TransactionalPublisher` sends a batch of messages (to one or more topics of one
+cluster) and, optionally, consumer-group offsets in a single Kafka transaction: a
+``read_committed`` consumer sees all of the batch or none of it, and the offsets move if and
+only if the batch is visible. Its ``transactional_id`` is stable across restarts, which gives
+two guarantees Kafka enforces on the broker:
+
+* **fencing** -- when a second producer with the same id starts (:meth:`start`), the broker
+  aborts the first one's open transaction and refuses everything it sends afterwards; the
+  first one's next call raises :class:`ProducerFenced`;
+* **recovery** -- a restarted producer's :meth:`start` completes or aborts whatever the
+  previous process left open before anything new is sent.
+
+Outages of any length are ridden out: every failed attempt discards the producer (its
+transaction is aborted by the next :meth:`start`) and the whole batch is sent again after a
+capped exponential backoff. The caller's ``on_retry`` hook is called between attempts; it
+decides when to give up (a deadline, a stop signal) by raising.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ._retry import Backoff
+from ._settings import client_settings
+
+__all__ = ["FENCING_ERRORS", "ProducerFenced", "TransactionalPublisher"]
+
+log = logging.getLogger(__name__)
+
+#: kafka-python errors that mean another producer with our transactional id took over.
+FENCING_ERRORS = (
+    "ProducerFencedError",
+    "InvalidProducerEpochError",
+    "TransactionCoordinatorFencedError",
+)
+
+#: Settings the publisher owns: they are what makes a batch atomic and fenceable.
+_PRODUCER_FIXED = frozenset(
+    {
+        "bootstrap_servers",
+        "transactional_id",
+        "enable_idempotence",
+        "acks",
+        "key_serializer",
+        "value_serializer",
+    }
+)
+
+
+class ProducerFenced(RuntimeError):
+    """Another producer with the same transactional id started: this one must stop."""
+
+
+def _is_fencing(exc: BaseException) -> bool:
+    return any(type(e).__name__ in FENCING_ERRORS for e in (exc, exc.__cause__) if e)
+
+
+class TransactionalPublisher:
+    """Publish batches atomically with one transactional producer.
+
+    Parameters
+    ----------
+    bootstrap_servers : str or list of str
+    transactional_id : str
+        Stable identity of the writer: one per model, the same after every restart.
+    attempt_timeout_s : float, default 60.0
+        How long one attempt (start, or send + offsets + commit) may take before it is
+        abandoned and retried with a new producer.
+    retry_backoff_max_s : float, default 10.0
+        Cap of the backoff between attempts.
+    producer_config : dict, optional
+        Extra ``KafkaProducer`` settings (``max_request_size``, ``request_timeout_ms``, ...).
+    **security
+        Passed to ``KafkaProducer`` (``security_protocol``, ``ssl_cafile``, ...).
+
+    Examples
+    --------
+    >>> pub = TransactionalPublisher("127.0.0.1:9092", "stream-dp.m")  # doctest: +SKIP
+    >>> pub.start()                                                    # doctest: +SKIP
+    >>> pub.publish([("releases", b"m", b"{...}")])                   # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Sequence[str],
+        transactional_id: str,
+        *,
+        attempt_timeout_s: float = 60.0,
+        retry_backoff_max_s: float = 10.0,
+        producer_config: Mapping[str, Any] | None = None,
+        **security: Any,
+    ) -> None:
+        from kafka import KafkaProducer
+
+        if not transactional_id:
+            raise ValueError("transactional_id is required")
+        extra = client_settings(
+            KafkaProducer, "TransactionalPublisher", _PRODUCER_FIXED, producer_config, security
+        )
+        self.transactional_id = transactional_id
+        self.attempt_timeout_s = attempt_timeout_s
+        self.retry_backoff_max_s = retry_backoff_max_s
+        self._config: dict[str, Any] = {
+            "max_block_ms": 10_000,
+            "bootstrap_timeout_ms": 10_000,
+            **extra,
+            "bootstrap_servers": bootstrap_servers,
+            "transactional_id": transactional_id,
+        }
+        self._producer: Any = None
+        self._ready = False
+        self._generation = 0  # bumped when a producer is discarded (and its attempt with it)
+        self._closed = False
+        #: ``time.time()`` since which attempts have been failing (None after a success).
+        self.failing_since: float | None = None
+
+    # -- one attempt, bounded --------------------------------------------------------------
+
+    def _bounded(self, fn: Callable[[], Any], on_wait: Callable[[], None] | None) -> Any:
+        """Run ``fn`` in a worker thread; return its result, raise its error, or time out.
+
+        kafka-python's transactional calls wait without a bound while the broker is away.
+        Waiting here instead keeps the caller's hook running (status, deadline, signals),
+        and an attempt that takes too long is abandoned: its producer is discarded, and the
+        next producer's ``init_transactions`` aborts whatever it left open.
+        """
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="stream-dp-txn", daemon=True)
+        worker.start()
+        deadline = time.monotonic() + self.attempt_timeout_s
+        while worker.is_alive():
+            worker.join(timeout=0.5)
+            if worker.is_alive():
+                if on_wait is not None:
+                    on_wait()  # may raise: the caller gives up
+                if time.monotonic() >= deadline:
+                    from kafka.errors import KafkaTimeoutError
+
+                    raise KafkaTimeoutError(
+                        f"no answer within {self.attempt_timeout_s:.0f} s (attempt abandoned)"
+                    )
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _new_producer(self) -> Any:
+        from kafka import KafkaProducer
+
+        self._discard()
+        generation = self._generation
+        producer = KafkaProducer(**self._config)
+        if generation != self._generation:  # this attempt was abandoned meanwhile
+            _close_quietly(producer)
+            raise RuntimeError("abandoned")
+        self._producer = producer
+        producer.init_transactions()
+        self._ready = True
+        return producer
+
+    def _discard(self) -> None:
+        self._generation += 1
+        producer, self._producer, self._ready = self._producer, None, False
+        if producer is not None:
+            _close_quietly(producer)
+
+    def _retry(
+        self,
+        attempt: Callable[[], Any],
+        what: str,
+        on_retry: Callable[[BaseException], None] | None,
+        on_wait: Callable[[], None] | None,
+        done: Callable[[], bool] | None = None,
+    ) -> Any:
+        from kafka.errors import KafkaError
+
+        if self._closed:
+            raise ValueError("TransactionalPublisher is closed")
+        backoff = Backoff(maximum=self.retry_backoff_max_s, logger=log, what=what)
+        while True:
+            began = time.time()
+            try:
+                result = self._bounded(attempt, on_wait)
+                backoff.succeeded()
+                self.failing_since = None
+                return result
+            except Exception as err:
+                if _is_fencing(err):
+                    self._discard()
+                    raise ProducerFenced(
+                        f"another producer with transactional id {self.transactional_id!r} "
+                        "has started (a second instance of this model): this one is fenced"
+                    ) from err
+                retriable = bool(getattr(err, "retriable", False)) or isinstance(
+                    err, ConnectionError | TimeoutError
+                )
+                # Abortable transaction states, a closed or half-initialised producer: start
+                # over with a new one. Configuration and authorisation errors are final.
+                final = isinstance(err, KafkaError) and not retriable and _is_final(err)
+                self._discard()
+                if final or not isinstance(err, KafkaError | OSError):
+                    raise
+                if self.failing_since is None:
+                    self.failing_since = began  # the broker stopped answering this attempt
+                if on_retry is not None:
+                    on_retry(err)  # may raise: the caller gives up
+                backoff.failed(err, max_sleep=self.retry_backoff_max_s)
+                if done is not None and done():
+                    # The failed attempt's commit reached the broker before the error did.
+                    self.failing_since = None
+                    return None
+
+    # -- API ---------------------------------------------------------------------------------
+
+    def start(
+        self,
+        on_retry: Callable[[BaseException], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
+        """Register as the writer of this transactional id (fencing older ones).
+
+        Completes or aborts any transaction a previous holder of the id left open, so what a
+        ``read_committed`` consumer can ever see is settled when this returns.
+
+        Raises
+        ------
+        ProducerFenced
+            Another producer started with the same id meanwhile.
+        kafka.errors.KafkaError
+            Non-retriable failures (e.g. not authorised for the transactional id).
+        """
+        if not self._ready:
+            self._retry(self._new_producer, "Kafka transactions init", on_retry, on_wait)
+
+    def publish(
+        self,
+        messages: Sequence[tuple[str, bytes | None, bytes]],
+        offsets: Mapping[Any, Any] | None = None,
+        group_id: str | None = None,
+        *,
+        on_retry: Callable[[BaseException], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+        already_committed: Callable[[], bool] | None = None,
+    ) -> None:
+        """Send ``messages`` (and commit ``offsets`` for ``group_id``) in one transaction.
+
+        Parameters
+        ----------
+        messages : sequence of (topic, key, value)
+        offsets : dict, optional
+            ``{TopicPartition: OffsetAndMetadata}`` committed with the batch.
+        group_id : str, optional
+            The consumer group of ``offsets``.
+        on_retry : callable, optional
+            Called with the error before each retry; raise to give up.
+        on_wait : callable, optional
+            Called about twice a second while an attempt is in progress; raise to give up.
+        already_committed : callable, optional
+            Asked after a failed attempt whether its commit took effect nonetheless (the
+            error may have been lost on the way back); True ends the retries.
+
+        Raises
+        ------
+        ProducerFenced
+            Another instance took over; nothing of this batch is visible.
+        kafka.errors.KafkaError
+            Non-retriable failures (message too large, not authorised, ...).
+        """
+        if offsets and not group_id:
+            raise ValueError("offsets need their group_id")
+
+        def attempt() -> None:
+            producer = self._producer if self._ready else self._new_producer()
+            producer.begin_transaction()
+            futures = [producer.send(t, value=v, key=k) for t, k, v in messages]
+            if offsets:
+                producer.send_offsets_to_transaction(dict(offsets), group_id)
+            producer.commit_transaction()
+            for f in futures:  # commit succeeded, so each send did; a failure is a bug here
+                if f.failed():
+                    raise f.exception
+
+        self._retry(attempt, "Kafka transaction", on_retry, on_wait, already_committed)
+
+    def close(self) -> None:
+        """Close the producer (an open transaction is aborted by the next writer). Idempotent."""
+        self._discard()
+        self._closed = True
+
+    def __enter__(self) -> TransactionalPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_quietly(producer: Any) -> None:
+    """Close a producer that is being dropped, without waiting for a broker that is away."""
+    try:
+        producer.close(timeout=1)
+    except Exception as err:  # noqa: BLE001 - a broken producer is being dropped anyway
+        log.debug("closing a discarded producer: %s", err)
+        # close() gave up flushing before stopping its sender thread: stop it now, or it
+        # retries for ever in the background.
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
+
+
+def _is_final(err: BaseException) -> bool:
+    """Errors no retry can fix: configuration, authorisation, size and protocol-version ones."""
+    names = {t.__name__ for t in type(err).__mro__}
+    return bool(
+        names
+        & {
+            "AuthorizationError",
+            "AuthenticationFailedError",
+            "KafkaConfigurationError",
+            "MessageSizeTooLargeError",
+            "RecordTooLargeError",
+            "UnsupportedVersionError",
+            "UnsupportedForMessageFormatError",
+            "InvalidTopicError",
+            "TopicAuthorizationFailedError",
+            "GroupAuthorizationFailedError",
+            "TransactionalIdAuthorizationFailedError",
+            "IncompatibleBrokerVersion",
+        }
+    )

@@ -1,0 +1,415 @@
+"""The commit cycle: nothing derived from input is visible before a checkpoint covers it.
+
+The engine learns records and collects what they produce -- release messages and dead letters
+-- in an :class:`Outbox`. A cycle then
+
+1. writes the checkpoint: learner, ledger, source positions, run id, cycle number and the
+   outbox, atomically;
+2. publishes the outbox with :class:`Outputs`: to Kafka in one transaction that also commits
+   the source offsets tagged ``"<run id> <cycle>"`` (when source and sinks share a cluster),
+   otherwise to each sink and then records the cycle (consumer-group commit or
+   ``<checkpoint>.published``).
+
+A crash before step 1 leaves nothing visible: the replay may learn the records in another
+order (several partitions interleave by timing) and that is harmless, because no release of
+those steps was ever published. A crash after step 1 leaves a checkpoint whose outbox is either
+published or not; :meth:`Outputs.published` tells which, and the restart publishes the very
+same bytes if needed. Hence every release that anyone can read is one a durable checkpoint
+holds, and for every (model, run, step) one content is ever published (``docs/privacy.md``,
+"The engine: one release per step").
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stream_dp.checkpoint import save_checkpoint
+from stream_dp.engine.state import Published, StateDir
+
+__all__ = [
+    "DEAD_LETTERS",
+    "RELEASES",
+    "CommitCycle",
+    "Outbox",
+    "Outputs",
+    "PublicationRecord",
+    "RunRefused",
+]
+
+log = logging.getLogger("stream_dp.engine")
+
+RELEASES = "releases"
+DEAD_LETTERS = "dead_letters"
+
+
+@dataclass
+class Outbox:
+    """Messages produced since the last commit cycle, in order: ``(stream, key, value)``.
+
+    Examples
+    --------
+    >>> box = Outbox()
+    >>> box.add(RELEASES, "m", b'{"step": 1}')
+    >>> box.add(DEAD_LETTERS, "invalid_json", b'{"reason": "invalid_json"}')
+    >>> Outbox.from_state(box.to_state()).messages == box.messages, box.nbytes
+    (True, 37)
+    """
+
+    messages: list[tuple[str, str | None, bytes]] = field(default_factory=list)
+    nbytes: int = 0
+
+    def add(self, stream: str, key: str | None, value: bytes) -> None:
+        self.messages.append((stream, key, value))
+        self.nbytes += len(value)
+
+    def clear(self) -> None:
+        self.messages = []
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def count(self, stream: str) -> int:
+        return sum(1 for s, _, _ in self.messages if s == stream)
+
+    def to_state(self) -> dict:
+        """Checkpoint form: the values as one byte array and their ends (no JSON escaping)."""
+        values = [v for _, _, v in self.messages]
+        return {
+            "streams": [s for s, _, _ in self.messages],
+            "keys": [k for _, k, _ in self.messages],
+            "data": np.frombuffer(b"".join(values), dtype=np.uint8).copy(),
+            "ends": np.cumsum([len(v) for v in values], dtype=np.int64),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> Outbox:
+        data = np.asarray(state["data"], dtype=np.uint8).tobytes()
+        ends = [int(e) for e in np.asarray(state["ends"], dtype=np.int64)]
+        box = cls()
+        start = 0
+        for stream, key, end in zip(state["streams"], state["keys"], ends, strict=True):
+            box.add(stream, key, data[start:end])
+            start = end
+        return box
+
+
+@dataclass(frozen=True)
+class PublicationRecord:
+    """What the publication record says: the last published cycle, or someone else's commit."""
+
+    published: Published | None
+    foreign: str | None = None
+
+
+class Outputs:
+    """Where the outbox goes, and the record of what was published.
+
+    Parameters
+    ----------
+    sinks : dict
+        For ``"releases"`` and ``"dead_letters"``: a topic name (``str``, published through
+        ``publisher``) or a :class:`connectors.sinks.Sink`.
+    publisher : connectors.transactions.TransactionalPublisher, optional
+        Required when a sink is a topic.
+    source : optional
+        The :class:`connectors.sources.KafkaSource`, whose consumer group then keeps the
+        publication record; None for a file source (``state`` keeps it).
+    offsets_in_transaction : bool
+        The source and the topics share a cluster: offsets commit in the transaction.
+    state : StateDir
+    """
+
+    def __init__(
+        self,
+        sinks: dict[str, Any],
+        *,
+        publisher: Any = None,
+        source: Any = None,
+        offsets_in_transaction: bool = False,
+        state: StateDir,
+    ) -> None:
+        self.sinks = sinks
+        self.publisher = publisher
+        self.source = source
+        self.offsets_in_transaction = offsets_in_transaction and publisher is not None
+        self.state = state
+        if publisher is None and any(isinstance(s, str) for s in sinks.values()):
+            raise ValueError("a topic sink needs a publisher")
+
+    # -- the publication record ----------------------------------------------------------------
+    def record(self, timeout_s: float | None = None) -> PublicationRecord:
+        """The last published cycle: from the consumer group's commit tags, or the state dir.
+
+        Raises
+        ------
+        kafka.errors.KafkaError
+            The group's offsets cannot be read (broker unreachable) within ``timeout_s``.
+        """
+        if self.source is None:
+            return PublicationRecord(self.state.read_published())
+        committed = self.source.committed(timeout_s)
+        if not committed:
+            return PublicationRecord(None)
+        tags = {key: Published.parse(tag) for key, (_, tag) in committed.items()}
+        if any(p is None for p in tags.values()):
+            return PublicationRecord(
+                None,
+                f"consumer group {self.source.group_id!r} has offsets for topic "
+                f"{self.source.topic!r} committed by another consumer",
+            )
+        runs = {p.run_id for p in tags.values() if p is not None}
+        if len(runs) > 1:
+            return PublicationRecord(
+                None, f"consumer group {self.source.group_id!r} holds commits of runs {runs}"
+            )
+        return PublicationRecord(max(tags.values(), key=lambda p: p.seq))
+
+    # -- publishing ------------------------------------------------------------------------------
+    def start(self, **hooks: Callable) -> None:
+        """Become the writer (fences an older instance of the model); settle its transactions."""
+        if self.publisher is not None:
+            self.publisher.start(**hooks)
+
+    def publish(
+        self,
+        messages: Sequence[tuple[str, str | None, bytes]],
+        positions: dict,
+        published: Published,
+        *,
+        on_retry: Callable[[BaseException], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
+        """Publish one cycle's messages, then record the cycle as published.
+
+        Retries through outages (the hooks decide when to give up by raising). Plain sinks
+        are written first and may receive a cycle twice after a crash, identically.
+        """
+        topics: list[tuple[str, bytes | None, bytes]] = []
+        for stream, key, value in messages:
+            sink = self.sinks[stream]
+            if isinstance(sink, str):
+                topics.append((sink, None if key is None else key.encode("utf-8"), value))
+            else:
+                sink.send(key, value)
+        for sink in {id(s): s for s in self.sinks.values() if not isinstance(s, str)}.values():
+            sink.flush()
+        if self.publisher is not None:
+            offsets = None
+            if self.offsets_in_transaction:
+                offsets = self.source.offsets(positions, published.tag)
+
+            def done() -> bool:
+                # An error can be lost on its way back after the commit took effect: the
+                # consumer group's tag says whether it did.
+                if not self.offsets_in_transaction:
+                    return False
+                try:
+                    return self.record(timeout_s=2.0).published == published
+                except Exception:  # noqa: BLE001 - unknown counts as not yet
+                    return False
+
+            self.publisher.publish(
+                topics,
+                offsets,
+                self.source.group_id if offsets else None,
+                on_retry=on_retry,
+                on_wait=on_wait,
+                already_committed=done,
+            )
+        if self.source is not None and not self.offsets_in_transaction:
+            while not self.source.commit(positions, published.tag):
+                if on_retry is not None:
+                    on_retry(TimeoutError("offset commit"))
+        if self.source is None:
+            self.state.write_published(published)
+
+    def close(self) -> None:
+        """Close the sinks and the publisher; report, never raise (the run's error matters)."""
+        parts = [s for s in self.sinks.values() if not isinstance(s, str)]
+        for part in [*{id(p): p for p in parts}.values(), self.publisher]:
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception:  # noqa: BLE001 - closing must not mask the real error
+                log.exception("error while closing %r", part)
+
+
+class RunRefused(RuntimeError):
+    """This run must not publish: the record shows another writer, or a newer past."""
+
+
+class CommitCycle:
+    """One run's commit cycles: who the run is, what waits in its outbox, what was published.
+
+    The run loop calls :meth:`new_run` (then :meth:`save` and :meth:`mark`) or :meth:`resume`;
+    :meth:`verify` before and after becoming the writer; :meth:`recover` once; then
+    :meth:`checkpoint` and :meth:`publish` at the end of every cycle. Errors:
+    :class:`RunRefused`, ``OSError`` (state directory),
+    :class:`connectors.transactions.ProducerFenced`.
+
+    Parameters
+    ----------
+    state : StateDir
+    outputs : Outputs
+    model_id : str
+    """
+
+    def __init__(self, state: StateDir, outputs: Outputs, model_id: str) -> None:
+        self.state, self.outputs, self.model_id = state, outputs, model_id
+        self.run_id: str | None = None
+        self.run_created: float | None = None
+        self.seq = 0
+        self.outbox = Outbox()
+        #: Source positions of the last published cycle (None before :meth:`recover`).
+        self.committed_positions: dict | None = None
+        #: (cycle, wall time) of the last publication made by this process.
+        self.last_published: tuple[int, float | None] = (0, None)
+        #: What the record showed when a new run began (a run ``--fresh`` closed), if anything.
+        self.prior: Published | None = None
+        #: True between a cycle's checkpoint and the end of its publication.
+        self.unpublished = False
+
+    # -- identity --------------------------------------------------------------------------
+    def new_run(self) -> None:
+        """A new run: fresh id (random, independent of the data and of the noise secret)."""
+        self.run_id = secrets.token_hex(16)
+        self.run_created = time.time()
+        self.seq = 0
+        self.outbox = Outbox()
+
+    def mark(self) -> None:
+        """Write the run marker: only after the run's first checkpoint is durable."""
+        self.state.write_marker(self.model_id, self.run_id, self.run_created)
+
+    def resume(self, meta: dict) -> None:
+        """Take the run, cycle and outbox of a checkpoint; refuse one of another run.
+
+        Raises
+        ------
+        RunRefused
+            The checkpoint has no run id, or this directory's marker names another run.
+        """
+        if "run_id" not in meta or "seq" not in meta:
+            raise RunRefused(
+                f"{self.state.checkpoint} has no run id (written by an earlier stream-dp): "
+                "resume it with that version, or pass --fresh to start a new run"
+            )
+        self.run_id, self.seq = str(meta["run_id"]), int(meta["seq"])
+        self.run_created = float(meta.get("run_created") or 0.0)
+        self.outbox = Outbox.from_state(meta["outbox"])
+        try:
+            marker = self.state.read_marker()
+        except (OSError, ValueError) as err:
+            raise RunRefused(f"cannot read the run marker {self.state.marker}: {err}") from None
+        if marker is None:
+            self.mark()  # killed between the first checkpoint and the marker
+        elif marker.get("run_id") != self.run_id:
+            raise RunRefused(
+                f"{self.state.checkpoint} belongs to run {self.run_id} but this state directory "
+                f"was created by run {marker.get('run_id')} of model {self.model_id!r}: the "
+                "checkpoint comes from another run of the model. Put back this directory's own "
+                "checkpoint, or pass --fresh"
+            )
+
+    def meta(self) -> dict:
+        """What a checkpoint must hold of the cycle."""
+        return {
+            "run_id": self.run_id,
+            "run_created": self.run_created,
+            "seq": self.seq,
+            "outbox": self.outbox.to_state(),
+        }
+
+    # -- the record ------------------------------------------------------------------------
+    def verify(self, record: PublicationRecord, *, before_start: bool) -> None:
+        """Refuse to continue when the record shows another writer, or a newer past.
+
+        Checked before becoming the writer (so a refused start never fences the instance that
+        runs) and again after (an instance that published in between is caught).
+
+        Raises
+        ------
+        RunRefused
+        """
+        if record.foreign:
+            raise RunRefused(
+                f"{record.foreign}: refusing to publish releases of model {self.model_id!r} "
+                "beside them (pass --fresh to start a new run that continues after those offsets)"
+            )
+        p = record.published
+        if p is None:
+            return
+        if p.run_id != self.run_id:
+            if self.seq == 0 and p == self.prior:
+                return  # the run that --fresh closed
+            if self.seq == 0 and p.seq == 0 and not before_start:
+                # Another new instance registered at the same moment and published nothing;
+                # this one fenced it when it became the writer.
+                log.warning("run %s of model %s was registered at the same moment and has been "
+                            "fenced; it published nothing", p.run_id, self.model_id)  # fmt: skip
+                return
+            raise RunRefused(
+                f"run {p.run_id} of model {self.model_id!r} has published (cycle {p.seq}); this "
+                f"state directory holds run {self.run_id}. Two runs of one model would publish "
+                "two histories: stop the other instance, or use its state directory"
+            )
+        if p.seq > self.seq:
+            raise RunRefused(
+                f"{self.state.checkpoint} is cycle {self.seq} of run {p.run_id} but cycle {p.seq} "
+                "was already published: the checkpoint is older than what consumers have seen "
+                "(restored from a backup?). Resuming would publish other releases for steps "
+                "already released; use the latest checkpoint"
+            )
+
+    # -- cycles ----------------------------------------------------------------------------
+    def pending(self, positions: dict) -> bool:
+        """Whether anything happened since the last published cycle."""
+        return bool(len(self.outbox)) or positions != self.committed_positions
+
+    def save(self, learner_state: dict, positions: dict, meta: dict) -> None:
+        """Write the checkpoint of the current cycle (atomic, 0600)."""
+        save_checkpoint(self.state.checkpoint, learner_state, positions, {**meta, **self.meta()})
+
+    def checkpoint(self, learner_state: dict, positions: dict, meta: dict) -> None:
+        """End a cycle: the next cycle number, and the checkpoint that holds the cycle."""
+        self.seq += 1
+        self.save(learner_state, positions, meta)
+        self.unpublished = True
+
+    def publish(self, positions: dict, **hooks: Callable) -> None:
+        """Publish the current cycle's outbox and record it; the outbox is then empty."""
+        self.outputs.publish(
+            self.outbox.messages, positions, Published(self.run_id, self.seq), **hooks
+        )
+        self.outbox.clear()
+        self.committed_positions = positions
+        self.last_published = (self.seq, time.time())
+        self.unpublished = False
+
+    def recover(self, positions: dict, record: PublicationRecord, **hooks: Callable) -> None:
+        """After becoming the writer: publish the checkpoint's cycle unless the record has it."""
+        self.verify(record, before_start=False)
+        p = record.published
+        if p == Published(self.run_id, self.seq):
+            self.outbox.clear()
+            self.committed_positions = positions
+            return
+        if self.seq > 0 and (p is None or p.seq != self.seq - 1):
+            log.warning(
+                "no record that cycle %d of run %s was published (the record shows %s): "
+                "publishing its %d message(s) again; consumers may see them twice, identically",
+                self.seq - 1, self.run_id, p.tag if p else "nothing", len(self.outbox),
+            )  # fmt: skip
+        elif len(self.outbox):
+            log.info("publishing the %d message(s) of cycle %d left by the previous process",
+                     len(self.outbox), self.seq)  # fmt: skip
+        self.publish(positions, **hooks)

@@ -1,0 +1,369 @@
+"""OnPairMF: online private pairwise learning with correlated gradient noise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stream_dp.buffers import Buffer, FIFOBuffer
+from stream_dp.online.base import PairwiseLearner
+from stream_dp.online.budgeted import BudgetedLearner
+from stream_dp.online.correlated import CorrelatedNoiseMechanism
+from stream_dp.online.interfaces import AUCInterface, MetricInterface
+from stream_dp.online.params import river_check_params
+from stream_dp.privacy.budget import zcdp_budget
+from stream_dp.privacy.influence import pair_term_bounds, window_pattern
+from stream_dp.privacy.mf import MECHANISM_NAME, MFMechanism, make_factorization
+
+__all__ = [
+    "OnPairMF",
+    "OnPairMFAUC",
+    "OnPairMFMetric",
+    "NOMINAL_HORIZON",
+    "step_size_rule",
+    "window_rule",
+]
+
+#: The streaming factorizations OnPairMF offers (``noise=``); BLT is the default.
+NOISES = ("blt", "tree", "independent")
+#: The horizon the rules assume for an unbounded stream (``horizon=None``, BLT only).
+NOMINAL_HORIZON = 1 << 20
+
+
+def window_rule(horizon: int | None) -> int:
+    """Buffer window (and divisor B) for a horizon: ``min(128, max(16, n // 8))``.
+
+    A record pairs with the ``window`` records before it and after it. The first ``window`` steps
+    have fewer partners than the divisor counts, so a window longer than a small fraction of the
+    stream wastes signal; beyond ~128 the signal per unit of sensitivity no longer changes (both
+    grow like the window), only the cost per step. An unbounded stream gets 128.
+
+    Examples
+    --------
+    >>> window_rule(537), window_rule(35_169), window_rule(50), window_rule(None)
+    (67, 128, 16, 128)
+
+    """
+    if horizon is None:
+        return 128
+    return int(min(128, max(16, int(horizon) // 8)))
+
+
+def step_size_rule(
+    model_radius: float,
+    sigma: float,
+    prefix_variance: float,
+    coordinates: int,
+    lipschitz: float,
+    horizon: int,
+) -> float:
+    """``η = D/(2σ·√(p·E_n))``: the final iterate's accumulated noise ≈ D/2 in norm.
+
+    Without projections, ``w_n`` carries ``−η·σ·(A·M·Z)_n``, whose squared norm has expectation
+    ``η²σ²·p·E_n`` (``E_n``: the factorization's prefix-sum variance at the horizon, p: the
+    coordinates the noise moves). Setting it to ``(D/2)²`` keeps the noise inside the ball and
+    leaves room for the signal. Without noise (σ = 0) the textbook ``D/(G√n)``. Depends on
+    n, ε, δ, G, D and d only — never on data (``docs/privacy.md``, *Choosing the parameters*).
+
+    Examples
+    --------
+    >>> round(step_size_rule(1.0, 2.0, 4.0, 16, 4.0, 100), 6)
+    0.03125
+
+    """
+    if sigma > 0:
+        return model_radius / (2.0 * sigma * math.sqrt(coordinates * prefix_variance))
+    return model_radius / (lipschitz * math.sqrt(horizon))
+
+
+class OnPairMF(BudgetedLearner, PairwiseLearner):
+    """Online private pairwise SGD with correlated gradient noise: a release at every step.
+
+    For each record ``z_t``: the gradient of the pairwise loss against the last ``buffer``
+    records, summed and divided by the *fixed* divisor ``B = buffer`` (so one record's influence
+    on the gradient stream is data-independent:
+    :func:`~stream_dp.privacy.influence.window_pattern`), plus the step's correlated noise
+    ``σ·(C⁻¹Z)_t``; the projected step ``w_t = Π_C(w_{t−1} − η·ĝ_t)``; and the release of the
+    polynomial-decay average of the iterates (Shamir and Zhang, ICML 2013). The noisy gradient
+    stream is one Gaussian mechanism — the matrix mechanism of Denisov et al. (NeurIPS 2022,
+    Thm. 2.1), its factorization a BLT (Dvijotham et al., 2024; McMahan et al., 2024) by
+    default — with ``Δ = sup ‖C(G − G′)‖_F`` over neighbouring streams, charged once before the
+    first step; every release after it is post-processing and free
+    (:class:`~stream_dp.online.correlated.CorrelatedNoiseMechanism`; derivation in
+    ``docs/privacy.md``, *Correlated noise*). Huai et al. (AAAI 2020) is the setting: their
+    pairwise loss, buffer and projection, with output perturbation replaced by correlated
+    gradient noise. ``OnPairMF(task=...)`` returns :class:`OnPairMFAUC` (a river classifier) or
+    :class:`OnPairMFMetric` (a supervised transformer).
+
+    Parameters
+    ----------
+    task
+        ``"auc"`` (logistic pairwise ranking loss, L2 ball) or ``"metric"`` (logistic metric
+        loss, PSD ∩ Frobenius ball).
+    epsilon, delta
+        The (ε, δ) budget of the whole stream. ``epsilon=None`` runs the same learner without
+        noise (not private; a baseline).
+    horizon
+        Stream length n: the mechanism covers n steps, after which the learner stops and keeps
+        serving its last release. ``None`` (BLT only) covers an unbounded stream for the same
+        one charge; the rules then assume :data:`NOMINAL_HORIZON` steps.
+    noise
+        The factorization: ``"blt"`` (default: O(k·p) state, near-optimal), ``"tree"`` (the
+        binary tree of DP-FTRL) or ``"independent"`` (fresh noise per gradient: DP-SGD without
+        amplification). The last two are baselines behind the same interface.
+    buffer
+        The window: partners are the last ``buffer`` records (and the divisor B). ``None``:
+        :func:`window_rule` of the horizon.
+    data_radius
+        R: every x is clipped to ``‖x‖ ≤ R`` (part of the privacy proof).
+    model_radius
+        D: radius of the constraint set C.
+    step_size
+        η; ``None`` for :func:`step_size_rule` (from n, ε, δ, G, D and d — never from data).
+    averaging
+        κ of the released average ``w̄_t = w̄_{t−1} + (κ+1)/(t+κ)·(w_t − w̄_{t−1})``; ``None``
+        releases the last iterate. Post-processing: free whatever it is.
+    conversion
+        zCDP → (ε, δ): ``"tight"`` (CKS 2020, default) or ``"paper"``.
+    seed, reproducible
+        ``seed=None`` (the default) draws the noise secret's 128 bits from the OS. An int seed is
+        guessable, so it is refused unless ``reproducible=True``, which declares the run
+        non-private. Stored in checkpoints — keep those secret.
+    features
+        The declared schema (required): feature names, or their number d for array input.
+    model_id
+        Identifies the model in releases; also keys the noise.
+    track_regret, keep_history
+        The operator-only regret (as :class:`~stream_dp.online.OnPairStrC`).
+    max_buffer_warning
+        Unused by the window (kept for the common interface).
+    noise_source
+        The keyed noise source: ``None`` for :class:`stream_dp.privacy.KeyedNoise`. Anything
+        else marks every release non-private.
+    budget_share
+        The fraction of the budget's ρ the stream's charge may spend (default: all of it).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from stream_dp.online import OnPairMF
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(400, 3)) / 2
+    >>> y = X[:, 0] + 0.3 * rng.normal(size=400) > 0
+    >>> model = OnPairMF(task="auc", epsilon=4.0, horizon=400, features=3)
+    >>> model.learn_many(X, y)
+    >>> model.n_releases, model.accountant.rho_spent() <= model.budget.limit
+    (400, True)
+    >>> bool(model.private_weights[0] > 0)  # the released model points along the signal
+    True
+
+    """
+
+    _variants: dict[str, type] = {}
+    _regularized = False
+
+    def __init__(
+        self,
+        task: str = "auc",
+        epsilon: float | None = 1.0,
+        delta: float = 1e-5,
+        horizon: int | None = None,
+        noise: str = "blt",
+        buffer: int | None = None,
+        data_radius: float = 1.0,
+        model_radius: float = 1.0,
+        step_size: float | None = None,
+        averaging: float | None = 1.0,
+        conversion: str = "tight",
+        seed: int | None = None,
+        reproducible: bool = False,
+        features: tuple | int | None = None,
+        model_id: str = "onpairmf",
+        track_regret: bool = True,
+        keep_history: bool = False,
+        max_buffer_warning: int = 100_000,
+        noise_source: type | None = None,
+        budget_share: float = 1.0,
+    ) -> None:
+        self.task = task
+        self.epsilon = epsilon
+        self.delta = delta
+        self.horizon = horizon
+        self.noise = noise
+        self.buffer = buffer
+        self.data_radius = data_radius
+        self.model_radius = model_radius
+        self.step_size = step_size
+        self.averaging = averaging
+        self.conversion = conversion
+        self.seed = seed
+        self.reproducible = reproducible
+        self.features = features
+        self.model_id = model_id
+        self.track_regret = track_regret
+        self.keep_history = keep_history
+        self.max_buffer_warning = max_buffer_warning
+        self.noise_source = noise_source
+        self.budget_share = budget_share
+        _check_params(self)
+        self._setup(0.0)
+
+    # -- the rules: data-independent --------------------------------------------------------------
+    @property
+    def window(self) -> int:
+        """The buffer's window, which is also the divisor B."""
+        return window_rule(self.horizon) if self.buffer is None else int(self.buffer)
+
+    def _copy_buffer(self) -> Buffer:
+        return FIFOBuffer(self.window)
+
+    def _coordinates(self) -> int:
+        d = self._input.schema.dim
+        return d if self.task == "auc" else d * (d + 1) // 2
+
+    def _mechanism(self, buffer: Buffer) -> CorrelatedNoiseMechanism:
+        R, D = float(self.data_radius), float(self.model_radius)
+        bounds = pair_term_bounds(self.task, R, D)
+        pattern = window_pattern(self.window, self.window, bounds)
+        horizon = None if self.horizon is None else int(self.horizon)
+        factorization = make_factorization(self.noise, horizon or NOMINAL_HORIZON)
+        size = int(np.prod(self._loss.param_shape(self._input.schema.dim)))
+        budget = None
+        rho = None
+        if self.epsilon is not None:
+            budget = zcdp_budget(self.epsilon, self.delta, self.conversion)
+            budget.accountant.private = self.seed is None and self.noise_source is None
+            if self.budget_share != 1.0:
+                budget = budget.slice(self.budget_share, MECHANISM_NAME)
+            rho = budget.limit
+        mf = MFMechanism(factorization, pattern, horizon, rho, size)
+        return CorrelatedNoiseMechanism(mf, budget, self.averaging, horizon)
+
+    def _fixed_step(self, mechanism: CorrelatedNoiseMechanism) -> tuple[float, int]:
+        mf = mechanism.mf
+        n = NOMINAL_HORIZON if self.horizon is None else int(self.horizon)
+        if self.step_size is not None:
+            eta = float(self.step_size)
+        else:
+            G = self.constants.lipschitz
+            E = mf.factorization.max_error(n)
+            eta = step_size_rule(float(self.model_radius), mf.sigma, E, self._coordinates(), G, n)
+        self.step_size_ = eta
+        return eta, self.window
+
+    # -- what it is and what it costs -------------------------------------------------------------
+    @property
+    def mf(self) -> MFMechanism:
+        """Δ, σ and the factorization of the stream's one Gaussian mechanism."""
+        return self._state.mechanism.mf
+
+    @property
+    def n_releases(self) -> int:
+        """Releases so far: one per step learned (all covered by the one charge)."""
+        return self._state.t
+
+    @property
+    def last_sigma(self) -> float | None:
+        return self.mf.sigma if self.mf.private else None
+
+    @property
+    def last_sensitivity(self) -> float | None:
+        return self.mf.sensitivity
+
+    def noise_plan(self, steps: list[int] | None = None) -> list[dict]:
+        """The one charge, and the noise the released iterates carry at ``steps`` (default: a
+        few up to the horizon) — computed without any data.
+
+        The first entry is the stream's one Gaussian mechanism (``step`` 1, Δ, σ, ρ, which
+        factorization); the others give, for step t, ``prefix_std``: the per-coordinate std of
+        the accumulated noise ``σ·√(E_t)`` of an unprojected iterate, in gradient units (times η
+        for the model).
+        """
+        mf = self.mf
+        out = [{
+            "step": 1, "mechanism": MECHANISM_NAME, "factorization": mf.factorization.name,
+            "sensitivity": mf.sensitivity, "sigma": mf.sigma,
+            "rho": mf.event(1).rho if mf.private else 0.0, "covers": self.horizon,
+        }]  # fmt: skip
+        n = NOMINAL_HORIZON if self.horizon is None else int(self.horizon)
+        for t in steps or sorted({1, max(1, n // 4), max(1, n // 2), n}):
+            out.append({"step": int(t), "prefix_std": mf.prefix_noise_std(int(t))})
+        return out
+
+    def describe(self) -> str:
+        """The mechanism, its cost and the rules' values — before any data."""
+        mf = self.mf
+        flag = "" if self.private else "NOT PRIVATE: "
+        cover = f"horizon n={self.horizon}" if self.horizon is not None else "unbounded stream"
+        budget = (
+            f"ρ budget={self.budget.limit:.4g} (ε={self.epsilon}, δ={self.delta}, "
+            f"{self.conversion}); "
+            if self.budget is not None
+            else "no budget (epsilon=None); "
+        )
+        avg = "last iterate" if self.averaging is None else f"average κ={self.averaging:g}"
+        return (
+            f"{flag}{self._state.mechanism.describe()}; {budget}{cover}; window = divisor "
+            f"B={self.window}; η={self.step_size_:.4g}; D={self.model_radius}; releases: "
+            f"every step ({avg}), free; influence ‖u‖₁={float(mf.pattern.sum()):.4g}"
+        )
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()}\n# {self.describe()}"
+
+    @classmethod
+    def _unit_test_params(cls):
+        params = river_check_params(cls._task or "auc")
+        params = {k: v for k, v in params.items() if k not in ("alpha", "warmup")}
+        yield {**params, "epsilon": 4.0, "horizon": 10_000}
+
+
+def _check_params(m: OnPairMF) -> None:
+    eps = m.epsilon
+    if eps is not None and not (
+        isinstance(eps, int | float) and not isinstance(eps, bool) and eps > 0
+        and math.isfinite(eps)
+    ):  # fmt: skip
+        raise ValueError(f"epsilon must be a positive finite number or None, got {eps!r}")
+    if not (isinstance(m.delta, float | int) and 0 < m.delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {m.delta!r}")
+    if m.horizon is not None and (
+        isinstance(m.horizon, bool) or int(m.horizon) != m.horizon or m.horizon < 1
+    ):
+        raise ValueError(f"horizon must be an int >= 1 or None, got {m.horizon!r}")
+    if m.noise not in NOISES:
+        raise ValueError(f"noise must be one of {NOISES}, got {m.noise!r}")
+    if m.horizon is None and m.noise != "blt":
+        raise ValueError(
+            f"an unbounded stream (horizon=None) needs noise='blt', whose sensitivity converges; "
+            f"{m.noise!r} needs the horizon"
+        )
+    if m.buffer is not None and (isinstance(m.buffer, bool) or not isinstance(m.buffer, int)
+                                 or m.buffer < 1):  # fmt: skip
+        raise ValueError(f"buffer must be None (the window rule) or an int >= 1, got {m.buffer!r}")
+    for name in ("step_size",):
+        v = getattr(m, name)
+        if v is not None and not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be None or a positive number, got {v!r}")
+    if m.averaging is not None and not (isinstance(m.averaging, int | float)
+                                        and m.averaging >= 0):  # fmt: skip
+        raise ValueError(f"averaging must be None or a number >= 0, got {m.averaging!r}")
+    share = m.budget_share
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise ValueError(f"budget_share must be in (0, 1], got {share!r}")
+
+
+class OnPairMFAUC(OnPairMF, AUCInterface):
+    """OnPairMF for bipartite ranking (``task="auc"``): a river binary classifier."""
+
+    _task = "auc"
+
+
+class OnPairMFMetric(OnPairMF, MetricInterface):
+    """OnPairMF for Mahalanobis metric learning (``task="metric"``): a river transformer."""
+
+    _task = "metric"
+
+
+OnPairMF._variants = {"auc": OnPairMFAUC, "metric": OnPairMFMetric}

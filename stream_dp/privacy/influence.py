@@ -1,0 +1,168 @@
+"""Pairwise influence patterns: how much one replaced record can change the gradient stream.
+
+The correlated-noise learner's gradient at step t is ``g_t = (1/B) Σ_{j ∈ P_t} ∇ℓ(w_{t−1}; z_t,
+z_j)`` over the partners ``P_t`` its buffer offers, with a *fixed* divisor B. Replace one record
+``z_i`` by ``z′_i`` (any features, any label, any position) and evaluate both streams' gradients at
+the same iterates — the adaptive setting of Denisov et al. (NeurIPS 2022), in which every
+``w_{t−1}`` is a function of earlier outputs. The *influence pattern* ``u`` bounds the rows:
+``‖g_{i+k} − g′_{i+k}‖ ≤ u[k]``, and the mechanism's sensitivity is then ``sup ‖C D‖_F`` over such D
+(:meth:`stream_dp.privacy.factorizations.Factorization.sensitivity`). ``docs/privacy.md``
+(*Sensitivity of the gradient stream*) derives every bound used here.
+
+Two kinds of pair terms differ between the streams:
+
+* **one-sided**: a term present on one stream only (a pairing the other stream does not make);
+  its norm is at most ``one_sided``;
+* **two-sided**: the same pairing on both streams, with ``z_i`` in one and ``z′_i`` in the other;
+  the difference is at most ``two_sided``.
+
+:func:`pair_term_bounds` gives both for the logistic losses, on the model set the iterates stay
+in; :func:`window_pattern` and :func:`capped_class_pattern` turn a buffer policy into ``u``.
+
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from scipy import special
+
+__all__ = [
+    "PairTermBounds",
+    "pair_term_bounds",
+    "window_pattern",
+    "capped_class_pattern",
+    "capped_class_terms",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class PairTermBounds:
+    """Bounds on one pair term's gradient: present on one stream, or on both with z_i ≠ z′_i."""
+
+    one_sided: float
+    two_sided: float
+
+    @property
+    def largest(self) -> float:
+        return max(self.one_sided, self.two_sided)
+
+
+def pair_term_bounds(task: str, data_radius: float, model_radius: float) -> PairTermBounds:
+    """Term bounds of the logistic pairwise losses for ``‖x‖ ≤ R`` and models in the ball ``D``.
+
+    The gradient of a pair is ``s·c·φ(δ)`` with ``s = −φ'(·) = expit(−argument) ∈ (0, 1)``.
+    Because the iterate stays in C, the argument is bounded, so ``s ≤ s_max < 1``:
+
+    * AUC, ``φ(c·wᵀδ)`` with ``c ∈ {±2}``, ``‖w‖ ≤ D``, ``‖δ‖ ≤ 2R``: the argument is in
+      ``[−4RD, 4RD]``, ``s_max = expit(4RD)``; one-sided ``≤ 2·2R·s_max = 4R·s_max``. Two-sided
+      (same labels: c is the same on both streams, ``δ − δ′ = x_i − x′_i``):
+      ``‖c(sδ − s′δ′)‖ ≤ 2·max over the box s, s′ ∈ [s_min, s_max] ≤ 2·2R·s_max`` — the norm is
+      convex in (s, s′), so the maximum sits at a corner, and at every corner it is at most
+      ``s_max·max(‖δ‖, ‖δ′‖, ‖δ − δ′‖)``. A changed label never leaves a pairing on both
+      streams with the same partner (the pair is valid on exactly one), so two-sided = one-sided.
+    * metric, ``φ(c(1 − δᵀWδ))`` with ``c = ±1``, ``W ⪰ 0``, ``‖W‖_F ≤ D``: ``δᵀWδ ∈ [0, 4R²D]``,
+      ``s_max = expit(max(1, 4R²D − 1))``; one-sided ``≤ 4R²·s_max``. A changed label flips c
+      while the pairing stays: two-sided ``≤ ‖sδδᵀ‖ + ‖s′δ′δ′ᵀ‖ ≤ 2·4R²·s_max``.
+
+    These are the constants of :mod:`stream_dp.losses` (``G = 4R`` and ``4R²``) times
+    ``s_max``; the ``2G`` per differing pair of the certified recurrence
+    (:mod:`stream_dp.sensitivity`) is the two-sided bound without the convexity argument
+    (``docs/privacy.md``, *Known problems in the papers*, item 8).
+
+    Examples
+    --------
+    >>> b = pair_term_bounds("auc", data_radius=1.0, model_radius=1.0)
+    >>> round(b.one_sided, 4), b.two_sided == b.one_sided
+    (3.9281, True)
+    >>> m = pair_term_bounds("metric", data_radius=1.0, model_radius=1.0)
+    >>> round(m.one_sided, 4), round(m.two_sided / m.one_sided, 6)
+    (3.8103, 2.0)
+
+    """
+    R, D = float(data_radius), float(model_radius)
+    if not (R > 0 and D > 0 and math.isfinite(R) and math.isfinite(D)):
+        raise ValueError(f"radii must be positive and finite, got R={R!r}, D={D!r}")
+    if task == "auc":
+        s_max = float(special.expit(4.0 * R * D))
+        one = 4.0 * R * s_max
+        return PairTermBounds(one, one)
+    if task == "metric":
+        s_max = float(special.expit(max(1.0, 4.0 * R * R * D - 1.0)))
+        one = 4.0 * R * R * s_max
+        return PairTermBounds(one, 2.0 * one)
+    raise ValueError(f"task must be 'auc' or 'metric', got {task!r}")
+
+
+def window_pattern(window: int, divisor: int, bounds: PairTermBounds) -> np.ndarray:
+    """``u`` for a label-agnostic window of the last ``window`` records (a FIFO of that size).
+
+    Partners are the window's records of the other class (AUC) or all of them (metric).
+    Membership is a function of arrival indices only, so a replaced record changes no one
+    else's membership. Record i meets at most ``window`` partners at its own step and is a
+    partner at most once at each of the next ``window`` steps, with one term differing per
+    pairing (one-sided if its label changed the pair's validity, two-sided otherwise):
+
+        u = (largest term / B) · [window, 1, 1, …, 1]        (window ones)
+
+    Examples
+    --------
+    >>> window_pattern(3, 3, PairTermBounds(1.0, 1.0)).tolist()
+    [1.0, 0.3333333333333333, 0.3333333333333333, 0.3333333333333333]
+
+    """
+    window, divisor = _positive(window, "window"), _positive(divisor, "divisor")
+    unit = bounds.largest / divisor
+    u = np.full(window + 1, unit)
+    u[0] = window * unit
+    return u
+
+
+def capped_class_terms(size: int, use_cap: int) -> tuple[int, int]:
+    """(one-sided, two-sided) pair terms that differ with :class:`~stream_dp.buffers.ClassBuffers`.
+
+    Same label (memberships identical; only the record's own terms differ, two-sided):
+    ``S`` at its own step and ``K`` later uses. Changed label (``docs/privacy.md``, *Per-class
+    buffers with a use cap*): one-sided terms only — ``2S`` at its own step (each stream pairs it
+    with one ring), ``K`` later uses on each stream, and in each ring at most ``K − 1`` pairings
+    of the member the record pushes out (*FIFO shift*) and ``S − 1`` pairings of members whose
+    use count it shifts (*cap shift*): ``4S + 4K − 4``.
+
+    Examples
+    --------
+    >>> capped_class_terms(16, 16)
+    (124, 32)
+
+    """
+    S, K = _positive(size, "size"), _positive(use_cap, "use_cap")
+    return 4 * S + 4 * K - 4, S + K
+
+
+def capped_class_pattern(
+    size: int, use_cap: int, divisor: int, bounds: PairTermBounds
+) -> np.ndarray:
+    """``u`` for :class:`~stream_dp.buffers.ClassBuffers`: the whole L1 mass on one step.
+
+    The differing terms of the capped per-class buffers are not confined to a fixed time
+    pattern (displaced pairings happen whenever the other class arrives), so only their total
+    is bounded: ``M = max(one·(4S + 4K − 4), two·(S + K)) / B``. A single-step pattern ``[M]``
+    gives the triangle-inequality bound ``M · max_j ‖C e_j‖``, valid for any timing.
+
+    Examples
+    --------
+    >>> capped_class_pattern(16, 16, 16, PairTermBounds(1.0, 1.0)).tolist()
+    [7.75]
+
+    """
+    if _positive(divisor, "divisor") < _positive(size, "size"):
+        raise ValueError("the divisor must be at least the ring size (a step's norm is ≤ G·S/B)")
+    one, two = capped_class_terms(size, use_cap)
+    return np.array([max(bounds.one_sided * one, bounds.two_sided * two) / divisor])
+
+
+def _positive(v: int, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)

@@ -1,0 +1,129 @@
+"""The README's "Run on Kafka" walk-through, every command run as written.
+
+It must work on a fresh machine, leave the work tree as it found it (no config, state or broker
+data in it) and log, at the default level, only the engine's own lines: no INFO chatter of the
+Kafka client and no error on a first start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .kafka_broker import REPO_ROOT
+
+pytestmark = pytest.mark.kafka
+
+
+def readme_blocks() -> list[list[str]]:
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text.split("## Run on Kafka", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    return [[line for line in b.splitlines() if line.strip()] for b in blocks]
+
+
+def work_tree_state() -> set[str]:
+    """Untracked, ignored and modified paths of the work tree (caches aside)."""
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    caches = ("__pycache__", ".pyc", ".pytest_cache", ".hypothesis", ".ruff_cache", "egg-info")
+    return {line for line in out.splitlines() if not any(c in line for c in caches)}
+
+
+def bash(script: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + script],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_run_on_kafka_as_written(tmp_path: Path) -> None:
+    if not (REPO_ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    first, second = readme_blocks()
+    assert first[-1].startswith("stream-dp run") and "--dry-run" not in first[-1]
+    assert second[-1].startswith("bash deploy/kafka/kafka.sh stop")
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHON": sys.executable,  # kafka.sh's readiness check
+        "XDG_STATE_HOME": str(tmp_path / "xdg"),  # where the broker keeps its data
+        "TMPDIR": str(tmp_path),  # where mktemp puts $WORK
+        "PYTHONUNBUFFERED": "1",
+    }
+    before = work_tree_state()
+    engine = None
+    try:
+        setup = bash(
+            "\n".join(first[:-1]) + '\nprintf "\\nBOOTSTRAP=%s\\nWORK=%s\\n" "$BOOTSTRAP" "$WORK"',
+            env,
+            timeout=300,
+        )
+        assert setup.returncode == 0, setup.stderr[-3000:]
+        found = dict(re.findall(r"^(BOOTSTRAP|WORK)=(.*)$", setup.stdout, re.M))
+        env.update(found)
+        assert "release message: at most" in setup.stdout  # the dry run
+        sent, bad = map(
+            int, re.search(r"sent (\d+) records \((\d+) malformed\)", setup.stdout).groups()
+        )
+        assert sent > 30_000 and bad == sent // 1000
+
+        log = tmp_path / "engine.log"
+        engine = subprocess.Popen(
+            ["bash", "-c", first[-1]],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log.open("w"),
+            text=True,
+        )
+        status = Path(found["WORK"]) / "state" / "status.json"
+        deadline = time.monotonic() + 240
+        current: dict = {}
+        while time.monotonic() < deadline and engine.poll() is None:
+            try:
+                current = json.loads(status.read_text())
+            except (FileNotFoundError, ValueError):
+                current = {}
+            if current.get("records") == sent + bad and current.get("pending_messages") == 0:
+                break
+            time.sleep(0.2)  # polling interval of a bounded wait
+        assert current.get("learned") == sent and current.get("dead_letters") == bad, current
+
+        watch = bash("\n".join(second[:-1]), env, timeout=300)
+        assert watch.returncode == 0, watch.stderr[-3000:]
+        rows = [line for line in watch.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
+        assert len(rows) >= current["releases"] // 50 - 1
+        assert f"{current['releases']} release messages read from releases" in watch.stdout
+
+        engine.send_signal(signal.SIGTERM)
+        out, _ = engine.communicate(timeout=120)
+        assert engine.returncode == 0
+        assert json.loads(out.strip().splitlines()[-1])["learned"] == sent
+    finally:
+        if engine is not None and engine.poll() is None:
+            engine.kill()
+        stop = bash(second[-1], env, timeout=120)  # the README's own last command
+    assert stop.returncode == 0, stop.stderr
+    text = log.read_text()
+    assert not re.search(r" INFO kafka", text), "no Kafka client INFO lines at the default level"
+    assert " ERROR " not in text and "not found" not in text, text[-3000:]
+    assert "Kafka at " in text and "created" in text  # one line about the topics
+    assert work_tree_state() == before, "the walk-through leaves the work tree as it was"
