@@ -35,10 +35,13 @@ from stream_dp.audit.stats import (
     tail_threshold,
 )
 from stream_dp.audit.targets import (
+    AUDIT_SETTINGS,
     ONLINE_ALGORITHMS,
     ONLINE_LEARNERS,
+    AuditSettings,
     AuditTarget,
     LedgerClaim,
+    audit_settings,
     available_algorithms,
     ledger_claim,
     make_target,
@@ -49,11 +52,14 @@ from stream_dp.audit.targets import (
 __all__ = [
     "ONLINE_ALGORITHMS",
     "ONLINE_LEARNERS",
+    "AUDIT_SETTINGS",
     "AuditResult",
+    "AuditSettings",
     "AuditTarget",
     "CanaryDesign",
     "LedgerClaim",
     "audit",
+    "audit_settings",
     "available_algorithms",
     "canary_design",
     "central_threshold",

@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algorithm",
         default="onpairstrc",
-        help="onpairstrc (default), onpairc, or an offline algorithm of stream_dp.offline "
-        "(offpairstrc, offpairc, ...)",
+        help="onpairstrc (default), onpairc, onpairmf, or an offline algorithm of "
+        "stream_dp.offline (offpairstrc, offpairc, ...)",
     )
     parser.add_argument("--task", choices=("auc", "metric"), default="auc")
     parser.add_argument("--epsilon", type=float, default=1.0, help="ε budget (default 1)")
@@ -51,13 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trials",
         type=int,
-        default=200_000,
+        default=None,
         help="trials per neighbouring stream; a tenth plan the tests, the rest are counted "
-        "(default 200000)",
+        "(default 200000; onpairmf 40000)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the trials' noise secrets")
     parser.add_argument(
-        "--stream-length", type=int, default=3, help="records per stream (default 3)"
+        "--stream-length",
+        type=int,
+        default=None,
+        help="records per stream (default 3; onpairmf 33)",
     )
     parser.add_argument(
         "--dim", type=int, default=None, help="number of features (default: 10 auc, 5 metric)"

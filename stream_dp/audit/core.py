@@ -55,7 +55,7 @@ from stream_dp.audit.stats import (
     gdp_mu_lower_bound,
     tail_threshold,
 )
-from stream_dp.audit.targets import AuditTarget, LedgerClaim, make_target
+from stream_dp.audit.targets import AuditTarget, LedgerClaim, audit_settings, make_target
 
 __all__ = ["PILOT_SHARE", "AuditResult", "audit", "run_audit"]
 
@@ -443,12 +443,12 @@ def audit(
     task: str = "auc",
     epsilon: float = 1.0,
     delta: float = 1e-5,
-    trials: int = 200_000,
+    trials: int | None = None,
     seed: int = 0,
-    stream_length: int = 3,
+    stream_length: int | None = None,
     dim: int | None = None,
     data_radius: float = 1.0,
-    model_radius: float = 1.0,
+    model_radius: float | None = None,
     confidence: float = 0.99,
     noise_multiplier: float = 1.0,
     jobs: int | None = None,
@@ -468,12 +468,14 @@ def audit(
     epsilon, delta
         The budget the learner is configured with.
     trials
-        Trials per world (a tenth plan the tests, the rest are counted).
+        Trials per world (a tenth plan the tests, the rest are counted); None: the algorithm's
+        default (:func:`stream_dp.audit.audit_settings`: 200 000, OnPairMF 40 000).
     seed
         Seed of the audit's trial secrets.
     stream_length, dim, data_radius, model_radius
         The canary design (:func:`stream_dp.audit.canary_design`; ``dim=None``: 10 features for
-        AUC, 5 for metric).
+        AUC, 5 for metric); None: the algorithm's default (3 records and D = 1; OnPairMF: 33
+        records, a window of 16 partners first, D = 0.01).
     confidence
         Joint confidence of the bounds.
     noise_multiplier
@@ -494,6 +496,14 @@ def audit(
     False
 
     """
-    design = canary_design(task, dim, stream_length, data_radius, model_radius)
+    settings = audit_settings(algorithm)
+    shape = {"length": 3, "model_radius": 1.0, **settings.design}
+    if stream_length is not None:
+        shape["length"] = stream_length
+    if model_radius is not None:
+        shape["model_radius"] = model_radius
+    design = canary_design(task, dim, data_radius=data_radius, **shape)
+    params = {**settings.params, **params}
     target = make_target(algorithm, design, epsilon, delta, noise_multiplier, **params)
+    trials = settings.trials if trials is None else trials
     return run_audit(target, trials, seed, confidence, progress, jobs)

@@ -57,9 +57,14 @@ class CanaryDesign:
     alpha
         The regulariser that makes the first learning step saturate C.
     partner, canary, benign
-        ``(x, y)`` records; the stream is ``partner, X, partner, …`` with X canary or benign.
+        ``(x, y)`` records; the stream is ``lead`` partners, then X (canary or benign), then
+        partners to the end.
     probe
         A unit direction (shape of the model) along which the two worlds' iterates differ.
+    lead
+        Partners before the differing record (1 for the output-perturbation learners; a
+        windowed learner gets a full window, so the differing record meets every partner its
+        certified influence pattern allows at its own step).
 
     Examples
     --------
@@ -81,11 +86,12 @@ class CanaryDesign:
     canary: tuple
     benign: tuple
     probe: np.ndarray
+    lead: int = 1
 
     def stream(self, with_canary: bool) -> list[tuple]:
         """The records of one world, in order."""
         x = self.canary if with_canary else self.benign
-        return [self.partner, x] + [self.partner] * (self.length - 2)
+        return [self.partner] * self.lead + [x] + [self.partner] * (self.length - self.lead - 1)
 
     def dataset(self, with_canary: bool) -> tuple[np.ndarray, np.ndarray]:
         """The same records as ``(X, y)`` arrays, for offline algorithms."""
@@ -96,8 +102,9 @@ class CanaryDesign:
         kind = "+R·e₀ (y=+1) vs −R·e₀ (y=+1)" if self.task == "auc" else "R·e₀ vs R·e₁ (class b)"
         part = "x=0, y=−1" if self.task == "auc" else "x=0, class a"
         return (
-            f"neighbouring streams of n={self.length} records in d={self.dim}: partner ({part}), "
-            f"then canary {kind}, then the partner again; α={self.alpha:.3g}, warmup=1, "
+            f"neighbouring streams of n={self.length} records in d={self.dim}: {self.lead} × "
+            f"partner ({part}), then canary {kind}, then the partner again; "
+            f"α={self.alpha:.3g}, warmup=1 (learners with a warm-up), "
             f"R={self.data_radius}, D={self.model_radius} (both worlds' iterates saturate C, so "
             "every release is at its certified sensitivity diam C)"
         )
@@ -109,6 +116,7 @@ def canary_design(
     length: int = 3,
     data_radius: float = 1.0,
     model_radius: float = 1.0,
+    lead: int = 1,
 ) -> CanaryDesign:
     """Build the saturating canary design for ``task`` (see the module docstring).
 
@@ -130,8 +138,10 @@ def canary_design(
     dim = DEFAULT_DIM[task] if dim is None else dim
     if int(dim) != dim or dim < (1 if task == "auc" else 2):
         raise ValueError(f"dim must be an int >= {1 if task == 'auc' else 2}, got {dim!r}")
-    if int(length) != length or length < 2:
-        raise ValueError(f"the stream needs at least 2 records, got length={length!r}")
+    if int(lead) != lead or lead < 1:
+        raise ValueError(f"lead must be an int >= 1, got {lead!r}")
+    if int(length) != length or length < lead + 1:
+        raise ValueError(f"the stream needs at least lead + 1 records, got length={length!r}")
     R, D = float(data_radius), float(model_radius)
     e = np.eye(dim)
     if task == "auc":
@@ -148,4 +158,6 @@ def canary_design(
         partner = (np.zeros(dim), "a")
         canary, benign = (R * e[0], "b"), (R * e[1], "b")
         probe = (np.outer(e[0], e[0]) - np.outer(e[1], e[1])) / math.sqrt(2.0)
-    return CanaryDesign(task, int(dim), int(length), R, D, alpha, partner, canary, benign, probe)
+    return CanaryDesign(
+        task, int(dim), int(length), R, D, alpha, partner, canary, benign, probe, int(lead)
+    )

@@ -32,8 +32,11 @@ from stream_dp.privacy.noise import KeyedNoise
 __all__ = [
     "ONLINE_ALGORITHMS",
     "ONLINE_LEARNERS",
+    "AUDIT_SETTINGS",
+    "AuditSettings",
     "AuditTarget",
     "LedgerClaim",
+    "audit_settings",
     "available_algorithms",
     "ledger_claim",
     "make_target",
@@ -48,6 +51,42 @@ ONLINE_LEARNERS: dict[str, str] = {
     "onpairmf": "stream_dp.online:OnPairMF",
 }
 ONLINE_ALGORITHMS = tuple(ONLINE_LEARNERS)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditSettings:
+    """An algorithm's default audit: its canary design, learner parameters and trial count.
+
+    The default design (one partner in front, three records, ``D = 1``) saturates the
+    output-perturbation learners. OnPairMF's certified Δ is the norm of ``C·u``, ``u`` its
+    window's influence pattern — the record meets a full window of partners at its own step and
+    one at each of the next ``window`` steps, each pair term at its bound ``4R·s_max``,
+    ``s_max = expit(4RD)``. Its design therefore puts a full window (16) of partners first and
+    a window after; a tiny ``D`` brings every model's logistic slope to ``s_max ≈ 1/2``, which
+    is what the canary pair's slope is (the two worlds' slopes sum to 1); and a tiny step keeps
+    the iterates deep inside C, so no projection bends the releases and they are a linear
+    image of the one Gaussian mechanism — the score's log-likelihood ratio is then that
+    mechanism's.
+    """
+
+    design: dict = dataclasses.field(default_factory=dict)
+    params: dict = dataclasses.field(default_factory=dict)
+    trials: int = 200_000
+
+
+#: Per-algorithm audit defaults (the rest get :class:`AuditSettings` ``()``).
+AUDIT_SETTINGS: dict[str, AuditSettings] = {
+    "onpairmf": AuditSettings(
+        design=dict(lead=16, length=33, model_radius=0.01),
+        params=dict(step_size=1e-6),
+        trials=40_000,
+    ),
+}
+
+
+def audit_settings(algorithm: str) -> AuditSettings:
+    """The default audit of ``algorithm`` (:data:`AUDIT_SETTINGS`)."""
+    return AUDIT_SETTINGS.get(algorithm, AuditSettings())
 
 
 # -- the noise hook (the only place the audit sets a learner's noise) -----------------------------
@@ -150,9 +189,9 @@ def ledger_claim(accountant) -> LedgerClaim:
     Examples
     --------
     >>> from stream_dp.privacy import GaussianEvent, ZCDPAccountant
-    >>> acc = ZCDPAccountant(epsilon=1.0, delta=1e-5)
+    >>> acc = ZCDPAccountant(delta=1e-5)
     >>> for step in (1, 2):
-    ...     _ = acc.charge(GaussianEvent(step=step, sensitivity=1.0, sigma=10.0))
+    ...     _ = acc.compose(GaussianEvent(step=step, sensitivity=1.0, sigma=10.0))
     >>> round(ledger_claim(acc).gdp_mu, 12)  # √(2·(1/10)²)
     0.141421356237
 
