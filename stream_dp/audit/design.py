@@ -24,6 +24,11 @@ Offline algorithms (:mod:`stream_dp.offline`) are audited on the same records gi
 finite dataset; OffPairStrC with ``warmup=1`` and its certified sensitivity is exactly as tight
 (the average of the iterates moves by the certified bound).
 
+A learner whose sensitivity is not the diameter of C gets other settings of the same design
+(:data:`stream_dp.audit.AUDIT_SETTINGS`): OnPairMF, whose noise is on the gradients, has a full
+window of partners in front of the differing record (``lead``) and one after it, so the record's
+pair terms follow the certified influence pattern.
+
 """
 
 from __future__ import annotations
@@ -105,8 +110,8 @@ class CanaryDesign:
             f"neighbouring streams of n={self.length} records in d={self.dim}: {self.lead} × "
             f"partner ({part}), then canary {kind}, then the partner again; "
             f"α={self.alpha:.3g}, warmup=1 (learners with a warm-up), "
-            f"R={self.data_radius}, D={self.model_radius} (both worlds' iterates saturate C, so "
-            "every release is at its certified sensitivity diam C)"
+            f"R={self.data_radius}, D={self.model_radius} (built to meet the learner's certified "
+            "sensitivity: docs/privacy.md, Empirical audit)"
         )
 
 

@@ -227,6 +227,23 @@ class AuditTarget:
     def task(self) -> str:
         return self.design.task
 
+    def _configure(self, cls: type, design: CanaryDesign, multiplier: float, params: dict):
+        """Keep what every trial needs; build one learner (it checks the configuration)."""
+        template = _build(cls, params, 0, multiplier)
+        self._cls = cls
+        self._params = params
+        self._probe = design.probe.ravel()
+        self.algorithm = cls.__name__.lower()
+        self.design = design
+        self.noise_multiplier = multiplier
+        shown = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in params.items()
+            if k not in ("reproducible", "model_id", "track_regret", "features")
+        )
+        self.description = f"{cls.__name__}({shown})"
+        return template
+
     def _run(self, with_canary: bool, secret: int) -> tuple[np.ndarray, object]:
         """One trial: ``(observations, the run's accountant)``."""
         raise NotImplementedError  # pragma: no cover
@@ -268,20 +285,9 @@ class _OnlineTarget(AuditTarget):
             ),
         )
         params.update(learner_params)
-        template = _build(cls, params, 0, multiplier)  # checks the configuration once
-        self._cls = cls
-        self._params = params
+        template = self._configure(cls, design, multiplier, params)
         self._streams = {w: design.stream(w) for w in (False, True)}
-        self._probe = design.probe.ravel()
-        self.algorithm = cls.__name__.lower()
-        self.design = design
-        self.noise_multiplier = multiplier
-        shown = ", ".join(
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in params.items()
-            if k not in ("reproducible", "model_id", "track_regret", "features")
-        )
-        self.description = f"{cls.__name__}({shown}); {template.mechanism.describe()}"
+        self.description += f"; {template.mechanism.describe()}"
 
     def _run(self, with_canary: bool, secret: int) -> tuple[np.ndarray, object]:
         learner = _build(self._cls, self._params, secret, self.noise_multiplier)
@@ -308,23 +314,11 @@ class _OfflineTarget(AuditTarget):
         )
         base = _accepted(cls, {**base, "reproducible": True})
         base.update(params)
-        _build(cls, base, 0, multiplier)  # checks the configuration once
-        self._cls = cls
-        self._base = base
+        self._configure(cls, design, multiplier, base)
         self._data = {w: design.dataset(w) for w in (False, True)}
-        self._probe = design.probe.ravel()
-        self.algorithm = cls.__name__.lower()
-        self.design = design
-        self.noise_multiplier = multiplier
-        shown = ", ".join(
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in base.items()
-            if k != "reproducible"
-        )
-        self.description = f"{cls.__name__}({shown})"
 
     def _run(self, with_canary: bool, secret: int) -> tuple[np.ndarray, object]:
-        model = _build(self._cls, self._base, secret, self.noise_multiplier)
+        model = _build(self._cls, self._params, secret, self.noise_multiplier)
         X, y = self._data[with_canary]
         model.fit(X, y)
         w = np.asarray(model.private_weights).ravel()
