@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="trials per neighbouring stream; a tenth plan the tests, the rest are counted "
-        "(default 200000; onpairmf 40000)",
+        "(default 100000; onpairmf 40000)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the trials' noise secrets")
     parser.add_argument(

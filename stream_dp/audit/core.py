@@ -325,7 +325,7 @@ def _ledger_claim(target: AuditTarget, trials: int, seed: int) -> LedgerClaim:
 # -- the audit ------------------------------------------------------------------------------------
 def run_audit(
     target: AuditTarget,
-    trials: int = 200_000,
+    trials: int = 100_000,
     seed: int = 0,
     confidence: float = 0.99,
     progress: Callable[[int, int], None] | None = None,
@@ -469,7 +469,7 @@ def audit(
         The budget the learner is configured with.
     trials
         Trials per world (a tenth plan the tests, the rest are counted); None: the algorithm's
-        default (:func:`stream_dp.audit.audit_settings`: 200 000, OnPairMF 40 000).
+        default (:func:`stream_dp.audit.audit_settings`: 100 000, OnPairMF 40 000).
     seed
         Seed of the audit's trial secrets.
     stream_length, dim, data_radius, model_radius

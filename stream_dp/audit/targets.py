@@ -71,7 +71,7 @@ class AuditSettings:
 
     design: dict = dataclasses.field(default_factory=dict)
     params: dict = dataclasses.field(default_factory=dict)
-    trials: int = 200_000
+    trials: int = 100_000
 
 
 #: Per-algorithm audit defaults (the rest get :class:`AuditSettings` ``()``).
