@@ -6,13 +6,13 @@ learns a warm-up of 20 000 records (the buffer is full, the kernels are loaded),
 ``--records`` more in chunks generated on the fly, reading the resident set size (``VmRSS`` in
 ``/proc/self/status``) and the learner's own accounting (:meth:`nbytes`) every 100 000 records.
 
-Reported per configuration: RSS after the warm-up and at the end, the growth, how much of it is
-the privacy ledger in memory (one charge per release by design, SPEC §5: 16 bytes per Gaussian
-charge once its chunk is sealed), the ledger's resident bytes per charge, the journal file when
-there is one, the growth of everything else, and whether the issue-5 criterion (RSS growth
+Reported per configuration: RSS after the warm-up and at the end, the growth, how much of it is the
+privacy ledger in memory (one charge per release by design, docs/privacy.md *Accounting*: 16 bytes
+per Gaussian charge once its chunk is sealed), the ledger's resident bytes per charge, the journal
+file when there is one, the growth of everything else, and whether the memory criterion (RSS growth
 < 10 MB over 1 000 000 records) holds. Configurations: the array path (``learn_many``, batches of
-10 000) with a release every step and every 100 steps, the dict path (``learn_one``) with a
-release every step, and both paths with a release every step and the ledger journal
+10 000) with a release every step and every 100 steps, the dict path (``learn_one``) with a release
+every step, and both paths with a release every step and the ledger journal
 (``accountant.open_journal``, what ``checkpoint.ledger_journal`` does in the engine).
 
     python benchmarks/memory.py                  # 1 000 000 records per configuration, ~1.5 min

@@ -1,4 +1,4 @@
-"""Utility of private pairwise SGD with correlated noise (OnPairMF's mechanism) on the demo data.
+"""Utility of OnPairMF (private pairwise SGD with correlated noise) on the demo data.
 
 Run from the repository root (about 5 minutes on two busy cores; ``--quick`` for a smoke run)::
 
@@ -36,8 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stream_dp.datasets import prepare
-from stream_dp.demo import (
+from stream_dp.apps.demo.plan import (
     BUFFER,
     DATA_RADIUS,
     DELTA,
@@ -46,10 +45,12 @@ from stream_dp.demo import (
     STRC_ALPHA,
     choose_alpha,
     release_every_for,
-    roc_auc,
 )
-from stream_dp.mf_reference import MFReference, choose_model_radius, window_rule
-from stream_dp.online import OnPairStrC
+from stream_dp.datasets import prepare
+from stream_dp.metrics import roc_auc
+from stream_dp.mf_reference import choose_model_radius
+from stream_dp.online import OnPairMF, OnPairStrC
+from stream_dp.online.onpairmf import window_rule
 from stream_dp.privacy import blt as blt_module
 from stream_dp.privacy.blt import BLT
 from stream_dp.privacy.correlated_noise import CorrelatedNoise
@@ -123,13 +124,20 @@ def factorization_section(say: Report, quick: bool) -> None:
     say()
 
 
-def _mf_auc(d, X_test, seeds, **kw) -> tuple[list[float], MFReference]:
-    n = len(d.y_stream)
+def _mf(task: str, d, seed: int, **kw) -> OnPairMF:
+    """OnPairMF streamed over the demo split (``learn_many``: the same releases as learn_one)."""
+    n, dim = d.X_stream.shape
+    model = OnPairMF(task=task, horizon=n, seed=seed, reproducible=True, features=dim,
+                     track_regret=False, **kw)  # fmt: skip
+    model.learn_many(d.X_stream, d.y_stream)
+    return model
+
+
+def _mf_auc(d, X_test, seeds, **kw) -> tuple[list[float], OnPairMF]:
     out, model = [], None
     for s in seeds:
-        model = MFReference("auc", horizon=n, seed=s, reproducible=True, **kw)
-        model.learn_many(d.X_stream, d.y_stream)
-        out.append(roc_auc(X_test @ model.weights, d.y_test))
+        model = _mf("auc", d, s, **kw)
+        out.append(roc_auc(X_test @ model.private_weights, d.y_test))
     return out, model
 
 
@@ -146,7 +154,8 @@ def _strc_auc(d, X_test, seeds, epsilon: float) -> list[float]:
             task="auc", alpha=alpha, buffer=BUFFER, data_radius=DATA_RADIUS,
             model_radius=MODEL_RADIUS, seed=s, track_regret=False, epsilon=epsilon, delta=DELTA,
             horizon=n, release_every=release_every_for(n), smoothing_window=SMOOTHING_WINDOW,
-            predict_with="smoothed", model_id=f"bench-strc-{s}", **extra,
+            predict_with="smoothed", model_id=f"bench-strc-{s}", features=d.X_stream.shape[1],
+            **extra,
         )  # fmt: skip
         for xi, yi in zip(d.X_stream, d.y_stream, strict=True):
             model.learn_one(xi, bool(yi))
@@ -181,15 +190,15 @@ def auc_section(say: Report, name: str, epsilons, seeds: list[int], cal_seeds: i
         ):
             aucs, m = _mf_auc(d, X_test, seeds, epsilon=eps, model_radius=D)
             results[(name, eps, label)] = aucs
-            mech = m.mechanism
-            say(f"| {eps:g} | {label} | {D:g} | {mech.sensitivity:.2f} | {mech.sigma:.2f} "
-                f"| {m.eta:.3g} | {_fmt(aucs)} |")  # fmt: skip
+            say(f"| {eps:g} | {label} | {D:g} | {m.mf.sensitivity:.2f} | {m.mf.sigma:.2f} "
+                f"| {m.step_size_:.3g} | {_fmt(aucs)} |")  # fmt: skip
         strc = _strc_auc(d, X_test, seeds, eps)
         results[(name, eps, "OnPairStrC")] = strc
         say(f"| {eps:g} | OnPairStrC (demo settings) | {MODEL_RADIUS:g} | | | | {_fmt(strc)} |")
     for D in sorted({MODEL_RADIUS} | {D for D, _ in chosen.values()}):
         aucs, m = _mf_auc(d, X_test, [0], epsilon=None, model_radius=D)
-        say(f"| ∞ | same learner, no noise | {D:g} | | 0 | {m.eta:.3g} | {aucs[0]:.3f} | | |")
+        say(f"| ∞ | same learner, no noise | {D:g} | | 0 | {m.step_size_:.3g} | {aucs[0]:.3f} "
+            "| | |")  # fmt: skip
     say()
     say(f"Calibration-block AUC by D ({cal_seeds} simulated private runs each; the largest is "
         "chosen):")  # fmt: skip
@@ -246,16 +255,14 @@ def metric_section(say: Report, names, seeds_of) -> None:
     for name in names:
         d, X_test, _, _ = _data(name)
         X_train = np.stack([clip_norm(x, DATA_RADIUS) for x in d.X_stream])
-        n, dim = len(d.y_stream), X_train.shape[1]
+        dim = X_train.shape[1]
         euclid = _knn_accuracy(np.eye(dim), X_train, d.y_stream, X_test, d.y_test)
-        free = MFReference("metric", horizon=n, epsilon=None, seed=0, reproducible=True)
-        free.learn_many(d.X_stream, d.y_stream)
-        nonpriv = _knn_accuracy(free.weights, X_train, d.y_stream, X_test, d.y_test)
+        free = _mf("metric", d, 0, epsilon=None)
+        nonpriv = _knn_accuracy(free.private_weights, X_train, d.y_stream, X_test, d.y_test)
         accs = []
         for s in range(seeds_of[name]):
-            m = MFReference("metric", horizon=n, epsilon=4.0, seed=s, reproducible=True)
-            m.learn_many(d.X_stream, d.y_stream)
-            accs.append(_knn_accuracy(m.weights, X_train, d.y_stream, X_test, d.y_test))
+            m = _mf("metric", d, s, epsilon=4.0)
+            accs.append(_knn_accuracy(m.private_weights, X_train, d.y_stream, X_test, d.y_test))
         a = np.asarray(accs)
         gap = a.mean() - nonpriv
         say(f"| {name} | {euclid:.4f} | {nonpriv:.4f} | {a.mean():.4f} ± {a.std():.4f} "

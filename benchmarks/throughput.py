@@ -10,7 +10,10 @@ For d ∈ {8, 32} and FIFO buffers of 64 and 256 records, measured in one proces
 * **AUC array** — the same learner through ``learn_many(X, y)`` on NumPy batches of
   ``--batch`` rows (identical iterates, releases and ledger as ``learn_one`` row by row);
 * **metric dict** — ``OnPairStrC(task="metric")``: ``learn_one`` then ``transform_one``
-  (**metric learn**: ``learn_one`` alone).
+  (**metric learn**: ``learn_one`` alone);
+* **MF AUC dict** / **MF AUC array** — ``OnPairMF(task="auc")`` (BLT correlated noise, unbounded
+  horizon, FIFO window and divisor B = 16, a free release at every step), through
+  ``predict_proba_one`` + ``learn_one`` and through ``learn_many``.
 
 Every learner: ``epsilon=1``, anytime schedule (``horizon=None``, so no horizon ends the run),
 ``alpha=1``, ``warmup=10`` with the certified sensitivity, ``release_every=1`` (a charged,
@@ -47,12 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from river import linear_model  # noqa: E402
 
 from stream_dp import _jit  # noqa: E402
-from stream_dp.online import OnPairStrC  # noqa: E402
+from stream_dp.online import OnPairMF, OnPairStrC  # noqa: E402
 
 __all__ = ["main"]
 
 DIMS = (8, 32)
 BUFFERS = (64, 256)
+MF_WINDOW = 16
 
 
 def make_data(n: int, d: int, seed: int = 0) -> dict:
@@ -80,6 +84,37 @@ def learner(task: str, d_names: tuple, buffer: int | str) -> OnPairStrC:
         sensitivity="certified", buffer=buffer, release_every=1, seed=2026, reproducible=True,
         features=d_names, track_regret=True,
     )  # fmt: skip
+
+
+def mf_learner(d_names: tuple) -> OnPairMF:
+    return OnPairMF(
+        task="auc", epsilon=1.0, delta=1e-5, horizon=None, noise="blt", buffer=MF_WINDOW,
+        seed=2026, reproducible=True, features=d_names, track_regret=True,
+    )  # fmt: skip
+
+
+def run_mf(data: dict, n: int, batch: int | None) -> float:
+    """OnPairMF on dict records (``batch=None``) or through ``learn_many``."""
+    model = mf_learner(data["names"])
+    w = MF_WINDOW + 50
+    if batch is None:
+        dicts, ys = data["dicts"], data["y_auc_list"]
+        for x, y in zip(dicts[:w], ys[:w], strict=True):
+            model.learn_one(x, y)
+        t0 = time.perf_counter()
+        for x, y in zip(dicts[w : w + n], ys[w : w + n], strict=True):
+            model.predict_proba_one(x)
+            model.learn_one(x, y)
+    else:
+        X, y = data["X"], data["y_auc"]
+        model.learn_many(X[:w], y[:w])
+        t0 = time.perf_counter()
+        for start in range(w, w + n, batch):
+            stop = min(start + batch, w + n)
+            model.learn_many(X[start:stop], y[start:stop])
+    dt = time.perf_counter() - t0
+    assert model.n_releases == w + n
+    return n / dt
 
 
 def warm_count(buffer: int) -> int:
@@ -169,6 +204,11 @@ def measure(args: argparse.Namespace, label: str) -> list[dict]:
                 (d, s, "metric learn",
                  lambda d=d, s=s: run_metric_dict(datas[d], n_metric, s, transform=False))
             )  # fmt: skip
+        jobs.append((d, MF_WINDOW, "MF AUC dict", lambda d=d: run_mf(datas[d], n_auc_dict, None)))
+        jobs.append(
+            (d, MF_WINDOW, "MF AUC array",
+             lambda d=d: run_mf(datas[d], n_auc_array, args.batch))
+        )  # fmt: skip
     results: dict[tuple, list[float]] = {(d, s, name): [] for d, s, name, _ in jobs}
     for _, _, _, fn in jobs:  # compile (numba caches machine code on disk) and warm caches
         fn()
@@ -229,12 +269,12 @@ def buffer_policies(args: argparse.Namespace) -> list[dict]:
 
 def print_table(rows: list[dict], title: str) -> None:
     print(f"\n{title}")
-    print(f"{'d':>3} {'buffer':>7} {'path':<12} {'records/s':>11} {'× river':>8} {'ns/(s·d)':>9}")
+    print(f"{'d':>3} {'buffer':>7} {'path':<13} {'records/s':>11} {'× river':>8} {'ns/(s·d)':>9}")
     for row in rows:
         buf = "-" if row["buffer"] is None else f"fifo:{row['buffer']}"
         ns = "-" if row["ns_per_sd"] is None else f"{row['ns_per_sd']:.2f}"
         print(
-            f"{row['d']:>3} {buf:>7} {row['path']:<12} {row['rps']:>11,.0f} "
+            f"{row['d']:>3} {buf:>7} {row['path']:<13} {row['rps']:>11,.0f} "
             f"{row['ratio']:>8.2f} {ns:>9}"
         )
 

@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from stream_dp import demo
+    from stream_dp.apps import demo
 
     demo.add_arguments(
         sub.add_parser(

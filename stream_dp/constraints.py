@@ -1,4 +1,5 @@
-"""Constraint sets C and their Euclidean projections Π_C (`docs/algorithms.md`, *Constraints*).
+"""Constraint sets C and their Euclidean projections Π_C (`docs/algorithms.md`,
+*Conventions shared by all learners*).
 
 Projections are non-expansive; every sensitivity bound in :mod:`stream_dp.sensitivity` relies on
 that. Each set also reports ``max_norm`` (sup ‖w‖ over C) and ``diameter`` (sup ‖w − w'‖), and

@@ -7,7 +7,7 @@ projection onto the PSD cone, ``docs/algorithms.md``, and the square root that
 (:func:`stream_dp._jit.compiled_body`): a Householder + implicit-QL eigensolver (~40 % faster
 than LAPACK's ``dsyevd`` at d = 32), a Cholesky test, and a loop without temporaries. The two
 eigensolvers are both backward stable: eigenvalues and spectral projectors agree to
-~d·eps·‖S‖, not bit for bit (``tests/test_linalg.py`` holds them together on hard cases).
+~d·eps·‖S‖, not bit for bit (``tests/test_metric_kernels.py`` holds them together on hard cases).
 
 Why LAPACK through SciPy: NumPy's bundled OpenBLAS multi-threads inside ``eigh`` even for a
 32 × 32 matrix, which on a busy two-core machine cost 1–5 ms per call instead of ~70 µs.

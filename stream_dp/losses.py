@@ -5,7 +5,7 @@ Every loss works on *pair differences*: for a new record ``(x, y)`` and buffer r
 the whole buffer: no Python loop over partners. The classes serve the offline algorithms and the
 online learners' reference step; :func:`buffer_terms` is the same logistic losses as one compiled
 pass over a buffer, for the online fast path (``docs/design.md``, *Reference step and fast
-path*), held equal to the classes by ``tests/test_losses.py``. One concept — the pairwise losses
+path*), held equal to the classes by ``tests/test_fast_paths.py``. One concept — the pairwise losses
 of the papers, in the two forms the learners need — hence one module of ~600 lines.
 
 The constants G (Lipschitz in w), L (smoothness) and α (strong convexity) hold for data clipped
@@ -395,7 +395,7 @@ class Regularized(PairwiseLoss):
 
     Used by OnPairStrC/OffPairStrC (``center=None``: G grows by ``α·D``) and by OnPairC/OffPairC
     (``center=w₀ ∈ C``: G grows by ``α·diam(C)``), as in Huai et al. (2020) Alg. 1–2
-    (``docs/algorithms.md``, *Losses and constants*).
+    (``docs/algorithms.md``, *Conventions shared by all learners*).
 
     Parameters
     ----------
@@ -602,7 +602,7 @@ def buffer_terms(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g):  # pragm
     ``Σ_k ℓ(s; (x, y), (X_k, Y_k))`` when ``want_val`` (else 0.0) and writes
     ``Σ_k ∇ℓ(w; …)`` into ``g`` when ``want_grad`` — the served model's penalty and the
     iterate's gradient against the same partners in one pass. Sums are ordered differently
-    from the classes': they agree to ~1e-15 (``tests/test_losses.py``).
+    from the classes': they agree to ~1e-15 (``tests/test_fast_paths.py``).
     """
     if task == 0:
         return _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g)

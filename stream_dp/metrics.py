@@ -13,7 +13,7 @@ import numpy as np
 from scipy.spatial.distance import pdist
 from scipy.stats import rankdata
 
-__all__ = ["pair_roc_auc", "roc_auc"]
+__all__ = ["auc_standard_error", "pair_roc_auc", "roc_auc"]
 
 
 def roc_auc(scores, positive) -> float:
@@ -62,3 +62,20 @@ def pair_roc_auc(Z, labels) -> float:
         raise ValueError(f"Z must be 2-D with one row per label, got {Z.shape} and {len(codes)}")
     i, j = np.triu_indices(len(codes), k=1)
     return roc_auc(-pdist(Z), codes[i] == codes[j])
+
+
+def auc_standard_error(auc: float, n_pos: int, n_neg: int) -> float:
+    """Hanley & McNeil (1982) standard error of an AUC estimate from ``n_pos`` positives and
+    ``n_neg`` negatives.
+
+    Examples
+    --------
+    >>> round(auc_standard_error(0.8, 50, 50), 4)
+    0.0445
+    """
+    if not math.isfinite(auc):
+        return math.nan
+    q1 = auc / (2 - auc)
+    q2 = 2 * auc**2 / (1 + auc)
+    var = auc * (1 - auc) + (n_pos - 1) * (q1 - auc**2) + (n_neg - 1) * (q2 - auc**2)
+    return math.sqrt(max(var, 0.0) / (n_pos * n_neg))

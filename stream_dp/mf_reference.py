@@ -34,7 +34,6 @@ symmetric matrix); without noise ``η = D/(G√n)``.
 
 from __future__ import annotations
 
-import math
 import secrets
 
 import numpy as np
@@ -42,6 +41,7 @@ import numpy as np
 from stream_dp.buffers import ClassBuffers, FIFOBuffer
 from stream_dp.constraints import L2Ball, PSDFrobeniusBall
 from stream_dp.losses import LogisticAUCLoss, LogisticMetricLoss
+from stream_dp.online.onpairmf import step_size_rule, window_rule
 from stream_dp.privacy.budget import zcdp_budget
 from stream_dp.privacy.conversions import epsilon_from_rho
 from stream_dp.privacy.correlated_noise import block_rows
@@ -50,52 +50,10 @@ from stream_dp.privacy.mf import MFMechanism, make_factorization
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.records import LabelCodes, auc_label, clip_norm
 
-__all__ = ["MFReference", "choose_model_radius", "step_size_rule", "window_rule"]
+__all__ = ["MFReference", "choose_model_radius"]
 
 #: Model radii :func:`choose_model_radius` tries.
 RADIUS_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
-
-
-def window_rule(horizon: int) -> int:
-    """Buffer window (and divisor B) for a horizon: ``min(128, max(16, n // 8))``.
-
-    A record pairs with the ``window`` records before it and after it. The first ``window`` steps
-    have fewer partners than the divisor counts, so a window longer than a small fraction of the
-    stream wastes signal; beyond ~128 the signal per unit of sensitivity no longer changes
-    (both grow like the window), only the cost per step.
-
-    Examples
-    --------
-    >>> window_rule(537), window_rule(35_169), window_rule(50)
-    (67, 128, 16)
-
-    """
-    return int(min(128, max(16, int(horizon) // 8)))
-
-
-def step_size_rule(
-    model_radius: float,
-    sigma: float,
-    prefix_variance: float,
-    coordinates: int,
-    lipschitz: float,
-    horizon: int,
-) -> float:
-    """``η = D/(2σ·√(p·E_n))`` — the final iterate's accumulated noise ≈ D/2 in norm.
-
-    Without projections, ``w_n`` carries ``−η·σ·(A·M·Z)_n``, whose squared norm has expectation
-    ``η²σ²·p·E_n``. Setting it to ``(D/2)²`` keeps the noise inside the ball and leaves room for
-    the signal. Without noise (σ = 0) the textbook ``D/(G√n)``.
-
-    Examples
-    --------
-    >>> round(step_size_rule(1.0, 2.0, 4.0, 16, 4.0, 100), 6)
-    0.03125
-
-    """
-    if sigma > 0:
-        return model_radius / (2.0 * sigma * math.sqrt(coordinates * prefix_variance))
-    return model_radius / (lipschitz * math.sqrt(horizon))
 
 
 class MFReference:
@@ -391,7 +349,7 @@ def choose_model_radius(
         The chosen D and the mean calibration AUC of every D tried.
 
     """
-    from stream_dp.demo import roc_auc
+    from stream_dp.metrics import roc_auc
 
     if task != "auc":
         raise ValueError("the calibration score is an AUC: task='auc' only")

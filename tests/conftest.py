@@ -16,13 +16,11 @@ __all__ = ["pima", "pima_split", "stream_factory", "quiet_exhaustion"]
 
 _HERE = Path(__file__).resolve().parent
 # Where the public datasets may live: an explicit directory, the test-local copy, the copies
-# shipped inside the package, then the shared data folder of the project.
+# shipped inside the package.
 _DATA_DIRS = [
     *([Path(os.environ["STREAM_DP_DATA"])] if os.environ.get("STREAM_DP_DATA") else []),
     _HERE / "data",
     Path(stream_dp.__file__).resolve().parent / "data",
-    _HERE.parent.parent / "shared" / "data",
-    Path("/work/shared/data"),
 ]
 
 
@@ -39,7 +37,7 @@ def pima() -> tuple[np.ndarray, np.ndarray]:
 
     Read straight from the UCI CSV (no preprocessing beyond the label). Skips the test if the
     file is in none of ``$STREAM_DP_DATA``, ``tests/data``, ``stream_dp/data``,
-    ``/work/shared/data``.
+    (every file it reads is shipped in ``stream_dp/data``).
     """
     path = _find("pima_indians_diabetes.csv")
     if path is None:

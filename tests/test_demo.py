@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from stream_dp import cli
+from stream_dp.apps.demo import choose_alpha, release_every_for
 from stream_dp.datasets import prepare
-from stream_dp.demo import auc_standard_error, choose_alpha, release_every_for, roc_auc
+from stream_dp.metrics import auc_standard_error, roc_auc
 from stream_dp.online import OnPairC, OnPairStrC
 from stream_dp.records import clip_norm
 
@@ -39,9 +40,10 @@ def _check_releases(path: Path, epsilons: tuple[float, ...], datasets: tuple[str
             assert RELEASE_FIELDS <= set(msg), RELEASE_FIELDS - set(msg)
             assert len(msg["weights"]) == int(np.prod(msg["shape"])) == len(msg["feature_names"])
             per_model[(msg["dataset"], msg["model"])].append(msg)
-    # Six private learners per dataset (OnPairStrC and OnPairC at each ε); GIGA releases nothing.
+    # Private learners per dataset: OnPairStrC, OnPairC and OnPairMF at each ε; GIGA releases
+    # nothing.
     assert {k[0] for k in per_model} == set(datasets)
-    assert len(per_model) == 2 * len(epsilons) * len(datasets)
+    assert len(per_model) == 3 * len(epsilons) * len(datasets)
     for (_, model), msgs in per_model.items():
         assert not model.startswith("PairwiseGIGA")
         target = msgs[0]["epsilon_target"]
@@ -53,7 +55,10 @@ def _check_releases(path: Path, epsilons: tuple[float, ...], datasets: tuple[str
         assert max(spent) <= target * (1 + 1e-9), model
         # The horizon schedule spends the whole budget by the last step, never more.
         assert spent[-1] == pytest.approx(target, rel=1e-6)
-        assert spent[0] == 0.0  # the first release is a free warm-up one
+        if model.startswith("OnPairMF"):  # one charge before step 1, every release free
+            assert spent[0] == spent[-1] and steps == list(range(1, len(steps) + 1))
+        else:
+            assert spent[0] == 0.0  # the first release is a free warm-up one
         assert all(m["rho_spent"] <= m["rho_budget"] * (1 + 1e-9) for m in msgs)
         assert not any(m["exhausted"] for m in msgs)
 
@@ -61,9 +66,9 @@ def _check_releases(path: Path, epsilons: tuple[float, ...], datasets: tuple[str
 def _check_table(text: str, datasets: tuple[str, ...], epsilons: tuple[float, ...]) -> None:
     for col in ("dataset", "algorithm", "ε target", "steps", "ε spent", "T1", "test AUC"):
         assert col in text
-    assert "avg regret (operator-only)" in text and "wall s" in text
+    assert "regret (RAW" not in text and "wall s" in text  # only with --operator-metrics
     rows = [ln for ln in text.splitlines() if ln.split() and ln.split()[0] in datasets]
-    assert len(rows) == len(datasets) * (1 + 2 * len(epsilons))
+    assert len(rows) == len(datasets) * (1 + 3 * len(epsilons))
     for name in datasets:
         for algo in ALGORITHMS:
             assert any(r.split()[:2] == [name, algo] for r in rows), (name, algo)
@@ -80,7 +85,7 @@ def test_demo_bank_reduced_without_plot(tmp_path, capsys):
     assert not (out / "demo.png").exists()
     md = (out / "results.md").read_text(encoding="utf-8")
     _check_table(md.replace("|", " "), ("bank",), (2.0, 16.0))
-    assert "calibration block only" in md and "never released" in md
+    assert "calibration block only" in md and "--operator-metrics" in md
     assert "| bank | OnPairStrC | 16 | 3000 |" in md
     _check_releases(out / "releases.jsonl", (2.0, 16.0), ("bank",))
     # 3,000 bank records at ε = 16 already give a private ranking better than random.
@@ -213,10 +218,13 @@ def test_readme_python_example_runs(capsys):
         'pip install -e ".[plot]" && stream-dp demo',
         'pip install -e ".[test]" && python -m pytest',
     ]
-    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(code, "README.md", "exec"), {})
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    namespace: dict = {}
+    for code in blocks:  # in order, in one namespace: a reader runs them one after the other
+        exec(compile(code, "README.md", "exec"), namespace)
     out = capsys.readouterr().out
     assert "T1=80" in out and "('income', 'age')" in out and "NOT PRIVATE" not in out
+    assert "correlated Gaussian gradient noise (blt)" in out  # the OnPairMF block ran
 
 
 def _fake_ci(tmp_path: Path, with_kafka: bool) -> tuple[Path, dict]:
@@ -258,7 +266,67 @@ def test_ci_run_propagates_the_pytest_exit_code(tmp_path, rc):
     calls = (tmp_path / "calls").read_text().splitlines()
     assert "-m pip install -e .[test]" in calls
     assert "-m pytest -p no:cacheprovider" in calls
+    assert "-m pytest --doctest-modules stream_dp connectors -p no:cacheprovider -q" in calls
     if rc == 5:
         assert "collected no tests" in proc.stderr
     if rc == 0:
         assert (repo / "deploy" / "kafka" / "fetched").read_text().strip() == "fetch"
+
+
+def _raw_values(seed: int, epsilons: tuple[float, ...]) -> dict[str, list[float]]:
+    """Every learner's raw operator statistics, reconstructed from the run's seed and data:
+    the average penalty after each step and the final average regret."""
+    from stream_dp.apps.demo import learning, plan
+
+    data, _ = learning.prepared_data("pima", None)
+    n = len(data.y_stream)
+    out: dict[str, list[float]] = {}
+    for res in plan.plan_models(n, "pima", epsilons, data.feature_names):
+        model = plan.make_learner(res, seed, keep_history=True)
+        averages = []
+        for i, (xi, yi) in enumerate(zip(data.X_stream, data.y_stream, strict=True)):
+            model.learn_one(xi, bool(yi))
+            if i >= 1:
+                averages.append(model.regret.average_penalty)
+        _, best, _ = model.best_fixed_comparator(
+            max_pairs=plan.REGRET_MAX_PAIRS, iterations=plan.REGRET_ITERATIONS, seed=0
+        )
+        regret = (model.regret.cumulative - best) / max(model.regret.steps, 1)
+        out[res.label] = [regret, *averages]
+    return out
+
+
+def _numbers(text: str) -> set[str]:
+    """Every number written in ``text``, as written."""
+    import re
+
+    return set(re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", text))
+
+
+def _appears(value: float, numbers: set[str], specs=(".6g", ".8g", ".12g", "")) -> bool:
+    """Whether ``value`` is written among ``numbers`` in one of the formats ``specs``."""
+    return any(format(value, spec) in numbers for spec in specs)
+
+
+def test_the_raw_regret_appears_in_no_default_output(tmp_path, capsys):
+    """The demo's default outputs carry no raw operator statistic: every learner's average
+    penalty after every step and its final average regret, reconstructed from the run's seed,
+    appear in none of stdout, results.md and releases.jsonl. With --operator-metrics the final
+    regrets do appear (the check can fail)."""
+    argv = ["--dataset", "pima", "--epsilons", "4", "--seed", "3", "--no-plot", "--quiet"]
+    stdout = _run([*argv, "--out", str(tmp_path / "default")], capsys)
+    written = _numbers(stdout)
+    for f in ("results.md", "releases.jsonl"):
+        written |= _numbers((tmp_path / "default" / f).read_text())
+    raw = _raw_values(3, (4.0,))
+    for label, values in raw.items():
+        finite = [v for v in values if math.isfinite(v)]
+        assert len(finite) > 500
+        leaked = [v for v in finite if _appears(v, written)]
+        assert not leaked, f"{label}: raw values in a default output: {leaked[:3]}"
+    shown = _run([*argv, "--operator-metrics", "--out", str(tmp_path / "operator")], capsys)
+    # The operator table prints the regret with 4 decimals (too short to search the default
+    # outputs for without chance matches: α = 0.7534 is public), so the control looks for that.
+    shown_numbers = _numbers(shown)
+    assert all(_appears(v[0], shown_numbers, (".4f",)) for v in raw.values()), "the control"
+    assert not any(_appears(v[0], written, (".4f",)) for v in raw.values())

@@ -23,6 +23,7 @@ from stream_dp.engine.preflight import ReleaseTooLarge
 from stream_dp.engine.runner import StateError
 from stream_dp.engine.state import StateDir
 from stream_dp.online import OnPairStrC
+from stream_dp.privacy import accountant_from_dict
 
 FEATURES = ["a", "b", "c"]
 
@@ -188,7 +189,7 @@ def test_a_fixed_seed_needs_the_run_declared_non_private(tmp_path):
 
 
 def test_non_private_learner_cannot_be_run(tmp_path):
-    with pytest.raises(Exception, match="algorithm"):
+    with pytest.raises(ValueError, match="'OnPairStrC', 'OnPairC', 'OnPairMF'"):
         EngineConfig.model_validate(
             {
                 "model": {"algorithm": "PairwiseGIGA", "features": ["a"]},
@@ -376,7 +377,7 @@ def test_a_crash_while_publishing_republishes_the_same_bytes(tmp_path):
 
 def test_never_starts_fresh_silently(tmp_path, capsys):
     (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
-    cfg = config(tmp_path)
+    cfg = config(tmp_path, warmup=5)  # releases (and charges) from step 6
     Engine(cfg).run()
     ckpt = Path(cfg.checkpoint.path)
     spent = OnPairStrC.ledger_state(load_checkpoint(ckpt).learner_state)
@@ -400,7 +401,11 @@ def test_never_starts_fresh_silently(tmp_path, capsys):
     # --fresh starts a new ledger explicitly, keeping the old run's files aside.
     engine = Engine(cfg, fresh=True)
     engine.run()
-    assert engine.learner.step == 20 and spent is not None
+    assert engine.learner.step == 20
+    before = accountant_from_dict(spent).ledger
+    assert len(before) > 0 and len(engine.learner.accountant.ledger) == len(before), (
+        "a new ledger, holding only the new run's charges"
+    )
     assert list(ckpt.parent.glob("m.ckpt.created.abandoned-*"))
 
 
@@ -634,3 +639,97 @@ def test_kafka_client_chatter_is_rate_limited():
     assert passed == [True, False, False, True]
     assert chatter.filter(record("stream_dp.engine", "ours", 2))
     assert not chatter.filter(record("kafka.producer", "ProducerFencedError", 500))
+
+
+# -- one parameter list: the [model] section is generated from the learner -------------------
+
+
+@pytest.mark.parametrize("algorithm", ["OnPairStrC", "OnPairC", "OnPairMF"])
+def test_the_model_section_is_the_learners_parameter_list(algorithm):
+    """Each learner parameter is a config field with the learner's default, except the
+    documented engine departures; a typo'd or foreign parameter is refused."""
+    import inspect
+
+    from stream_dp.engine.learners import learner_class, model_section
+
+    section = model_section(algorithm)
+    params = inspect.signature(learner_class(algorithm)).parameters
+    engine_defaults = {"features": None, "seed": None, "reproducible": False}
+    for name, p in params.items():
+        if name in ("noise_source", "keep_history"):
+            assert name not in section.model_fields  # objects / unbounded memory
+            continue
+        field = section.model_fields[name]
+        if name == "buffer" and p.default == "all":
+            assert field.default == 256  # bounded memory in a long-running process
+        elif name in engine_defaults:
+            assert field.default == engine_defaults[name]
+        else:
+            assert field.default == p.default, name
+    assert set(section.model_fields) - set(params) == {"algorithm"}
+
+
+def mf_config(tmp: Path, **model) -> EngineConfig:
+    cfg = config(tmp).model_dump()
+    m = {k: v for k, v in cfg["model"].items() if k in ("features", "seed", "reproducible")}
+    cfg["model"] = {**m, "algorithm": "OnPairMF", "model_id": "mf", "epsilon": 2.0, **model}
+    return EngineConfig.model_validate(cfg)
+
+
+def test_onpairmf_runs_in_the_engine_one_charge_a_release_every_step(tmp_path):
+    data = records(150, seed=4)
+    out = Collect()
+    engine = run(mf_config(tmp_path, horizon=150), data, out)
+    rel = out.releases()
+    assert [r["step"] for r in rel] == list(range(1, 151))
+    assert {r["algorithm"] for r in rel} == {"OnPairMFAUC"}
+    (charge,) = engine.learner.accountant.ledger  # one charge, before step 1
+    assert {r["rho_spent"] for r in rel} == {charge.rho}
+    assert engine.learner.budget.limit * (1 - 1e-8) <= charge.rho <= engine.learner.budget.limit
+    last = ReleaseMessage.from_json(out.items[-1][1])
+    assert np.array_equal(last.weights_array(), engine.learner.private_weights)
+    text = dry_run(mf_config(tmp_path, horizon=150))
+    assert "gaussian-correlated" in text and "noise std of iterate t" in text
+
+
+def test_onpairmf_crash_and_replay_publishes_each_release_once(tmp_path):
+    data = records(120, seed=3)
+    reference = Collect()
+    (tmp_path / "ref").mkdir()
+    run(mf_config(tmp_path / "ref", horizon=200), data, reference)
+    cfg = mf_config(tmp_path, horizon=200)
+    out = Collect()
+    for crash_at in (25, 50, 90):
+        with pytest.raises(Boom):
+            Engine(cfg, source=CrashingSource(data, crash_at), releases=out.sink(),
+                   dead_letters=Collect().sink()).run()  # fmt: skip
+    engine = run(cfg, data, out)
+    assert engine.learner.step == 120
+    got = [without_wall_clock(r) for r in out.releases()]
+    ref = [without_wall_clock(r) for r in reference.releases()]
+    assert got == ref
+
+
+def test_the_learners_own_refusals_are_config_errors(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text(
+        '[model]\nalgorithm = "OnPairMF"\nnoise = "nope"\nhorizon = 100\nfeatures = ["a"]\n'
+        '[source]\nkind = "jsonl"\npath = "in.jsonl"\n[releases]\nkind = "stdout"\n'
+        '[dead_letters]\nkind = "stdout"\n[checkpoint]\npath = "c"\n'
+    )
+    with pytest.raises(ConfigError, match="model: .*noise"):
+        load_config(path)
+    path.write_text(path.read_text().replace('noise = "nope"', "alpha = 1.0"))
+    with pytest.raises(ConfigError, match="model.alpha: Extra inputs"):
+        load_config(path)
+    path.write_text(path.read_text().replace("alpha = 1.0", "epsilon = 0.0"))
+    with pytest.raises(ConfigError, match="model.epsilon"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("name", ["engine.example.toml", "engine.onpairmf.toml"])
+def test_the_deployed_example_configs_are_valid(name):
+    path = Path(__file__).resolve().parents[1] / "deploy" / name
+    cfg = load_config(path)
+    text = dry_run(cfg)
+    assert cfg.model.algorithm in text and "release message: at most" in text

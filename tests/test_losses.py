@@ -166,8 +166,8 @@ def test_tied_auc_pairs_have_zero_gradient() -> None:
         np.testing.assert_array_equal(g, 0.0)
 
 
-def test_constants_follow_the_spec_table() -> None:
-    # SPEC §2, written out from the table (G, L) with R and D: not read back from the code.
+def test_constants_follow_the_documented_table() -> None:
+    # The constants (G, L) written out with R and D (docs/algorithms.md), not read from the code.
     expected = {
         LogisticAUCLoss: (4 * R, 4 * R**2),
         LogisticMetricLoss: (4 * R**2, 4 * R**4),

@@ -68,7 +68,8 @@ def _p(task):
 
 def _G(task, alpha=0.0, radius=1.0, center_radius=None):
     """Logistic G = 4R (AUC) or 4R² (metric), plus α·(D or diam) for a regulariser
-    (``docs/algorithms.md``, *Constants*)."""
+    (``docs/algorithms.md``, *Conventions shared by all
+    learners*)."""
     base = 4 * R if task == "auc" else 4 * R**2
     return base + alpha * (radius if center_radius is None else center_radius)
 
@@ -235,7 +236,7 @@ def test_gradient_noise_enters_each_step_with_the_ledger_sigma(name):
         sigma = est.accountant.ledger[0].sigma
         assert all(d[2] == sigma for d in draws)
         # Reconstruct ζ_1 from the first step: w_1 = w_0 − η(∇L(w_0) + ζ_1).
-        from stream_dp.offline.base import prepare_features
+        from stream_dp.offline.inputs import prepare_features
 
         Xc = prepare_features(X, R)
         Yc = np.where(np.asarray(y) == 1, 1.0, -1.0)

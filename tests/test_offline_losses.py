@@ -68,7 +68,8 @@ def test_all_pairs_degenerate_sizes():
 
 
 def test_buffer_path_unchanged_for_auc_ties():
-    """Tied AUC pairs (docs/algorithms.md, *Constants*) cost log 2 and have no gradient."""
+    """Tied AUC pairs (docs/algorithms.md, *Conventions shared by all learners*) cost log 2 and
+    have no gradient."""
     loss = LogisticAUCLoss()
     w, x = np.array([1.0, 2.0]), np.array([0.5, 0.5])
     X, Y = np.array([[0.0, 1.0], [1.0, 0.0]]), np.array([1.0, 1.0])

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import warnings
 
+import dp_accounting
 import numpy as np
 import pytest
+from dp_accounting import rdp
 
 from stream_dp.mf_reference import MFReference
 from stream_dp.online import OnPairMF
@@ -72,6 +74,11 @@ def test_one_charge_before_the_first_step_and_a_release_at_every_step() -> None:
     assert len(m.accountant) == 1 and m.n_releases == 150
     eps, delta = m.accountant.spent()
     assert eps <= 2.0 + 1e-9 and delta == 1e-5
+    # Google's dp-accounting composes the same Gaussian mechanism (noise multiplier σ/Δ, the
+    # whole stream's one charge) to the same ε.
+    theirs = rdp.RdpAccountant([1 + k / 20 for k in range(1, 400)] + list(range(21, 200)))
+    theirs.compose(dp_accounting.GaussianDpEvent(event.sigma / event.sensitivity))
+    assert eps == pytest.approx(theirs.get_epsilon(1e-5), rel=1e-3)
 
 
 def test_the_horizon_ends_learning_and_the_last_release_is_served() -> None:

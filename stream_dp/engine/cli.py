@@ -130,41 +130,65 @@ def one_line_errors(
 
 
 def dry_run(config) -> str:
-    """The plan an operator should read before the first record: T1, σ_t, ρ per release."""
+    """The plan an operator should read before the first record: the learner's charges and the
+    noise its releases carry, computed without any data."""
     from stream_dp.engine.preflight import release_size
     from stream_dp.engine.runner import build_learner
 
     size, limit = release_size(config)
     learner = build_learner(config)
-    first = learner.T1 + learner.release_every
+    # The first release follows the warm-up (T1 steps) of the learners that have one.
+    first = getattr(learner, "T1", 0) + getattr(learner, "release_every", 1)
     if learner.horizon is not None:
         first = min(first, learner.horizon)
     steps = sorted({first, 2 * first, 10 * first, 100 * first})
     if learner.horizon is not None:
         steps = sorted({s for s in steps if s <= learner.horizon} | {learner.horizon})
-    plan = learner.noise_plan(steps)
     m = config.model
     where = (
         f"the release topic accepts {limit:,} (releases.max_request_size)"
         if limit is not None
         else f"the {config.releases.kind} sink has no size limit"
     )
+    schedule = getattr(learner.mechanism, "schedule", None)
     lines = [
         f"model {m.model_id}: {m.algorithm} task={m.task}, {len(m.features)} declared features"
         + ("" if not m.reproducible else " — NOT PRIVATE (reproducible seed)"),
         learner.describe(),
         f"ρ budget {learner.budget.limit:.6g} for (ε={learner.epsilon}, "
         f"δ={learner.delta}) with the {learner.conversion} conversion",
-        f"schedule: {learner.mechanism.schedule!r}; release every {learner.release_every} step(s)",
+        *([f"schedule: {schedule!r}"] if schedule is not None else []),
+        f"release every {getattr(learner, 'release_every', 1)} step(s)",
         f"release message: at most {size:,} bytes; {where}",
         "",
-        f"{'step':>10} {'sensitivity':>12} {'σ per coord':>12} {'ρ this release':>15}",
+        *_table(learner.noise_plan(steps)),
     ]
-    for p in plan:
-        lines.append(
-            f"{p['step']:>10} {p['sensitivity']:>12.4g} {p['sigma']:>12.4g} {p['rho']:>15.4g}"
-        )
     return "\n".join(lines)
+
+
+_LABELS = {
+    "sigma": "σ per coord",
+    "rho": "ρ this release",
+    "prefix_std": "noise std of iterate t",
+    "covers": "covers steps",
+}
+
+
+def _table(rows: list[dict]) -> list[str]:
+    """``rows`` as aligned columns (the union of their keys, in first-seen order)."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    label = {c: _LABELS.get(c, c) for c in columns}
+    width = {c: max(12, len(label[c])) for c in columns}
+
+    def cell(v) -> str:
+        if v is None:
+            return ""
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    out = [" ".join(f"{label[c]:>{width[c]}}" for c in columns)]
+    for row in rows:
+        out.append(" ".join(f"{cell(row.get(c)):>{width[c]}}" for c in columns))
+    return out
 
 
 def _codes() -> dict[type[BaseException], int]:

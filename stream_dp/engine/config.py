@@ -55,12 +55,15 @@ from pydantic import (
     model_validator,
 )
 
+from stream_dp.engine.learners import ENGINE_ALGORITHMS, model_section, model_sections
+
 __all__ = [
     "CheckpointConfig",
     "ConfigError",
     "EngineConfig",
     "KafkaConfig",
     "ModelConfig",
+    "check_model",
     "SinkConfig",
     "SourceConfig",
     "StatusConfig",
@@ -80,89 +83,9 @@ class _Strict(BaseModel):
 Security = dict[str, str | int | float | bool]
 
 
-class ModelConfig(_Strict):
-    """The learner. Only private learners can be run by the engine: it publishes what it learns."""
-
-    algorithm: Literal["OnPairStrC", "OnPairC"] = "OnPairStrC"
-    task: Literal["auc", "metric"] = "auc"
-    epsilon: float = Field(1.0, gt=0, allow_inf_nan=False)
-    delta: float = Field(1e-5, gt=0, lt=1)
-    horizon: int | None = Field(None, gt=0)
-    alpha: float | None = Field(None, gt=0, allow_inf_nan=False)
-    data_radius: float = Field(1.0, gt=0, allow_inf_nan=False)
-    model_radius: float = Field(1.0, gt=0, allow_inf_nan=False)
-    buffer: int | str = 256
-    conversion: Literal["tight", "paper"] = "tight"
-    release_every: int = Field(1, ge=1)
-    smoothing_window: int = Field(1, ge=1)
-    predict_with: Literal["release", "smoothed"] = "release"
-    warmup: int | None = Field(None, ge=1)
-    sensitivity: Literal["certified", "paper"] = "certified"
-    anytime_p: float = Field(1.1, gt=1)
-    features: list[str] | None = Field(
-        None,
-        description="The schema: feature names in model order. Required by the engine (the "
-        "privacy analysis treats the schema as public, so it cannot come from the data). "
-        "Unknown features in a record are ignored and counted, missing ones are 0.",
-    )
-    model_id: str = Field("stream-dp", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
-    seed: int | None = Field(
-        None,
-        ge=0,
-        description="Noise secret. Leave unset: drawn from the OS (128 bits) on the first start "
-        "and kept in the checkpoint. A fixed seed makes every release reproducible, hence "
-        "NOT private; it needs reproducible = true.",
-    )
-    reproducible: bool = Field(
-        False,
-        description="Declare the run non-private (a fixed, guessable seed): every release "
-        "message then says private = false.",
-    )
-
-    @field_validator("features")
-    @classmethod
-    def _check_features(cls, value: list[str] | None) -> list[str] | None:
-        if value is None:
-            return value
-        if not value:
-            raise ValueError("features must name at least one feature")
-        if len(set(value)) != len(value):
-            dup = sorted({f for f in value if value.count(f) > 1})
-            raise ValueError(f"features must be unique; repeated: {dup[:5]}")
-        for name in value:
-            if not name:
-                raise ValueError("feature names must be non-empty")
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError(f"feature name {name!r} is not valid Unicode text") from None
-        return value
-
-    @model_validator(mode="after")
-    def _seed_needs_reproducible(self) -> ModelConfig:
-        if self.seed is not None and not self.reproducible:
-            raise ValueError(
-                "a fixed seed makes the noise guessable and the run NOT private; remove seed "
-                "(the secret is drawn from the OS), or set reproducible = true to declare the "
-                "run non-private"
-            )
-        return self
-
-    def learner_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the learner this section describes."""
-        import inspect
-
-        from stream_dp.online import OnPairC, OnPairStrC
-
-        cls = {"OnPairStrC": OnPairStrC, "OnPairC": OnPairC}[self.algorithm]
-        kw = self.model_dump(exclude={"algorithm", "reproducible"})
-        if kw["features"] is not None:
-            kw["features"] = tuple(kw["features"])
-        if kw["alpha"] is None and self.algorithm == "OnPairStrC":
-            kw.pop("alpha")  # the learner's documented default
-        if "reproducible" in inspect.signature(cls).parameters:
-            kw["reproducible"] = self.reproducible
-        return kw
+ModelConfig = model_sections()
+"""The ``[model]`` section: the parameters of the learner named by ``algorithm`` (default
+``"OnPairStrC"``), generated from its constructor (:mod:`stream_dp.engine.learners`)."""
 
 
 class SourceConfig(_Strict):
@@ -290,7 +213,7 @@ class KafkaConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: ModelConfig = Field(default_factory=lambda: model_section("OnPairStrC")())
     source: SourceConfig
     releases: SinkConfig
     dead_letters: SinkConfig
@@ -298,6 +221,14 @@ class EngineConfig(_Strict):
     status: StatusConfig = Field(default_factory=StatusConfig)
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     max_message_bytes: int = Field(1_000_000, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_algorithm(cls, data: Any) -> Any:
+        model = data.get("model") if isinstance(data, dict) else None
+        if isinstance(model, dict) and "algorithm" not in model:
+            data = {**data, "model": {**model, "algorithm": "OnPairStrC"}}
+        return data
 
     @model_validator(mode="after")
     def _engine_needs(self) -> EngineConfig:
@@ -335,7 +266,10 @@ def same_cluster(a: SourceConfig | SinkConfig, b: SourceConfig | SinkConfig) -> 
 def _describe(err: ValidationError) -> str:
     parts = []
     for e in err.errors(include_url=False):
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = list(e["loc"])
+        if loc[:1] == ["model"] and len(loc) > 1 and loc[1] in ENGINE_ALGORITHMS:
+            del loc[1]  # the union's tag: the section already says which algorithm
+        where = ".".join(str(p) for p in loc) or "(top level)"
         parts.append(f"{where}: {e['msg']}")
     return "; ".join(parts)
 
@@ -394,6 +328,24 @@ def load_config(path: str | Path) -> EngineConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
     try:
-        return EngineConfig.model_validate(_relative_to(raw, path.resolve().parent))
+        config = EngineConfig.model_validate(_relative_to(raw, path.resolve().parent))
     except ValidationError as exc:
         raise ConfigError(f"invalid config {path}: {_describe(exc)}") from exc
+    check_model(config, path)
+    return config
+
+
+def check_model(config: EngineConfig, path: str | Path = "config") -> None:
+    """Construct the configured learner once: its own refusals become :class:`ConfigError`.
+
+    Types and the engine's requirements are checked by pydantic; ranges and choices are
+    checked where they are defined, in the learner's constructor.
+    """
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the engine logs them when it builds the learner
+            config.model.build()
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid config {path}: model: {' '.join(str(exc).split())}") from None

@@ -37,7 +37,7 @@ def release_size(config: EngineConfig) -> tuple[int, int | None]:
     """
     m = config.model
     features = list(m.features or ())
-    value = release_message_bytes(m.task, features, m.model_id, m.algorithm)
+    value = release_message_bytes(m.task, features, m.model_id, m.variant_name())
     sink = config.releases
     if sink.kind != "kafka":
         return value, None

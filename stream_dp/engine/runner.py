@@ -58,7 +58,13 @@ from stream_dp.engine.commit import (
 )
 from stream_dp.engine.config import EngineConfig, SinkConfig, SourceConfig, same_cluster
 from stream_dp.engine.state import StateDir, StateLocked
-from stream_dp.engine.status import StatusWriter, dp_operator_metrics, raw_operator_metrics
+from stream_dp.engine.status import (
+    StatusWriter,
+    dp_metrics_summary,
+    dp_operator_metrics,
+    note_unknown_features,
+    raw_operator_metrics,
+)
 from stream_dp.records import InvalidRecord
 
 __all__ = [
@@ -110,10 +116,7 @@ class _Interrupted(Exception):
 
 def build_learner(config: EngineConfig):
     """The private learner described by ``config.model``."""
-    from stream_dp.online import OnPairC, OnPairStrC
-
-    cls = {"OnPairStrC": OnPairStrC, "OnPairC": OnPairC}[config.model.algorithm]
-    return cls(**config.model.learner_kwargs())
+    return config.model.build()
 
 
 def build_source(cfg: SourceConfig):
@@ -755,6 +758,8 @@ class Engine:
             self.stats.exhausted_skipped += 1
             return
         self.stats.learned += 1
+        if n_unknown:
+            note_unknown_features(learner)
         if learner.release_step == learner.step:
             fields = learner.release_message()
             fields.setdefault("private", not self.config.model.reproducible)
@@ -808,7 +813,7 @@ class Engine:
     def _report_status(self, now: float, *, probe: bool = True) -> None:
         s = self.status(now, probe=probe)
         log.info(
-            "step=%d rec/s=%.0f ε=%.4g/%.4g dead=%d lag=%s releases=%d pending=%d%s",
+            "step=%d rec/s=%.0f ε=%.4g/%.4g dead=%d lag=%s releases=%d pending=%d%s%s",
             s["step"],
             s["records_per_s"],
             s["epsilon_spent"],
@@ -818,6 +823,7 @@ class Engine:
             self.stats.releases,
             s["pending_messages"],
             " (idle)" if s["idle_since"] else "",
+            dp_metrics_summary(s["dp_metrics"]),
         )
         raw = raw_operator_metrics(self.learner) if self.status_writer.raw_path else None
         try:

@@ -6,9 +6,10 @@ since when the input has been idle and since when the broker has been unreachabl
 it is computed from record *values*, so it carries no un-noised learning statistic.
 
 Statistics that are (the learner's running average penalty) go to a separate file only when the
-operator names one (``status.operator_raw_metrics``); both files are mode 0600. Differentially
-private versions of those statistics, released with their own charge on the learner's ledger,
-belong in :func:`dp_operator_metrics`.
+operator names one (``status.operator_raw_metrics``); both files are mode 0600. Their
+differentially private versions, released with their own charge on the learner's ledger (the
+config's ``[model] metrics_share``), are ``status.json``'s ``dp_metrics`` and the log's ``dp:``
+fields (:func:`dp_operator_metrics`).
 """
 
 from __future__ import annotations
@@ -19,17 +20,56 @@ from typing import Any
 
 from stream_dp.checkpoint import write_private
 
-__all__ = ["StatusWriter", "dp_operator_metrics", "raw_operator_metrics"]
+__all__ = [
+    "StatusWriter",
+    "dp_metrics_summary",
+    "dp_operator_metrics",
+    "note_unknown_features",
+    "raw_operator_metrics",
+]
 
 
 def dp_operator_metrics(learner: Any) -> dict[str, Any]:
-    """Differentially private operator metrics for ``status.json`` (the hook where they go).
+    """Differentially private operator metrics for ``status.json``: ``{}`` unless the model has
+    a metrics share (the config's ``[model] metrics_share``).
 
-    None are released yet: this returns ``{}``. A metric added here must be a release with its
-    own charge on ``learner.accountant`` (e.g. the running average penalty through a
-    continual-release mechanism), never a raw statistic.
+    Each call releases the learner's metrics at its current step through its continual-release
+    mechanism (:meth:`~stream_dp.operator_metrics.OperatorMetricsMixin.release_metrics`): the
+    first call charges the whole mechanism to ``learner.accountant`` (``"gaussian-metrics"``)
+    before any value exists; later ones are post-processing. Never a raw statistic.
     """
-    return {}
+    release = getattr(learner, "release_metrics", None)
+    values = release() if release is not None else None
+    return {} if values is None else values
+
+
+def dp_metrics_summary(metrics: dict[str, Any]) -> str:
+    """The private metrics for the INFO log line (``""`` without them).
+
+    Examples
+    --------
+    >>> dp_metrics_summary({"average_penalty": 0.71234, "average_penalty_std": 0.0412,
+    ...                     "clip_rate": 0.0312, "clip_rate_std": 0.0101})
+    ' dp: avg_penalty=0.712±0.041 clip_rate=0.031±0.01'
+    >>> dp_metrics_summary({})
+    ''
+
+    """
+    if not metrics:
+        return ""
+    penalty = metrics.get("average_penalty")
+    text = " dp:"
+    if penalty is not None:
+        text += f" avg_penalty={penalty:.3g}±{metrics['average_penalty_std']:.2g}"
+    return text + f" clip_rate={metrics['clip_rate']:.2g}±{metrics['clip_rate_std']:.2g}"
+
+
+def note_unknown_features(learner: Any) -> None:
+    """Count a learned record whose unknown features the engine dropped before ``learn_one``
+    (the learner's private metrics count it; a learner without them ignores this)."""
+    note = getattr(learner, "note_unknown_features", None)
+    if note is not None:
+        note()
 
 
 def raw_operator_metrics(learner: Any) -> dict[str, Any]:

@@ -115,7 +115,7 @@ def _watch(args: argparse.Namespace) -> int:
     from kafka import KafkaConsumer
 
     from connectors import ReleaseMessage
-    from stream_dp.demo import roc_auc
+    from stream_dp.metrics import roc_auc
     from stream_dp.records import clip_rows
 
     test = None

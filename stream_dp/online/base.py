@@ -11,6 +11,7 @@ subclass (``docs/design.md``, *The learner core*).
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -192,6 +193,16 @@ class PairwiseLearner(base.Estimator):
         """True once the budget is spent: the learner serves its last release for ever."""
         return self._state.exhausted
 
+    _pipeline_checked = False
+
+    def _check_pipeline(self) -> None:
+        """Once, on the first record: warn if a river pipeline that calls this learner feeds it
+        through a non-private stateful step (:func:`stream_dp.preprocessing.check_pipeline`)."""
+        from stream_dp.preprocessing.pipeline_check import check_calling_pipeline
+
+        self._pipeline_checked = True
+        check_calling_pipeline(sys._getframe(2))
+
     # -- learning -------------------------------------------------------------------------------
     def learn_one(self, x, y, **kwargs) -> None:
         """Learn from one record; on a release step publish a private model.
@@ -201,6 +212,8 @@ class PairwiseLearner(base.Estimator):
         """
         xv, yv = self._input.validate(x, y)
         s = self._state
+        if s.t == 0 and not self._pipeline_checked:
+            self._check_pipeline()
         if not self._may_learn():
             self.n_rejected += 1
             return
@@ -237,6 +250,8 @@ class PairwiseLearner(base.Estimator):
             return
         rows, codes, clipped = batch
         k = len(codes)
+        if k and self._state.t == 0 and not self._pipeline_checked:
+            self._check_pipeline()
         i = 0
         while i < k:
             if not self._may_learn():

@@ -1,21 +1,24 @@
 """What every private online learner says about its budget: the ledger and the release message.
 
 A private learner's mechanism charges a :class:`~stream_dp.privacy.budget.PrivacyBudget` (or,
-with ``budget_share < 1``, its slice of one). :class:`BudgetedLearner` exposes that budget, its
+with ``budget_share < 1`` or ``metrics_share > 0``, its slice of one; the private operator
+metrics charge another slice). :class:`BudgetedLearner` exposes that budget, its
 ledger and the fields a release is published with, the same way for every mechanism, so the
 engine, the demo and a user read them without knowing which learner runs.
 """
 
 from __future__ import annotations
 
+from stream_dp.operator_metrics import OperatorMetricsMixin
 from stream_dp.privacy.budget import BudgetSlice, PrivacyBudget
 
 __all__ = ["BudgetedLearner"]
 
 
-class BudgetedLearner:
+class BudgetedLearner(OperatorMetricsMixin):
     """Mixin of the private online learners (with :class:`~stream_dp.online.base.
-    PairwiseLearner`): ``budget``, ``accountant``, ``ledger_state`` and ``release_message``."""
+    PairwiseLearner`): ``budget``, ``accountant``, ``ledger_state`` and ``release_message``, and
+    the private operator metrics of ``metrics_share`` (:mod:`stream_dp.operator_metrics`)."""
 
     @property
     def budget(self) -> PrivacyBudget | None:

@@ -10,6 +10,8 @@ record at a time.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from stream_dp.records import (
@@ -20,7 +22,12 @@ from stream_dp.records import (
     clip_rows,
 )
 
-__all__ = ["RecordInput"]
+__all__ = ["CLIP_WARN_AFTER", "CLIP_WARN_FRACTION", "RecordInput"]
+
+#: The clip-rate warning looks at the clip counter from this many accepted records on ...
+CLIP_WARN_AFTER = 100
+#: ... and warns (once) when more than this fraction of them were clipped.
+CLIP_WARN_FRACTION = 0.5
 
 
 def _is_frame(X) -> bool:
@@ -75,6 +82,9 @@ class RecordInput:
         self._declared = features
         #: Accepted records whose norm exceeded R (they were clipped). Operator-only.
         self.n_clipped = 0
+        #: Accepted records. Operator-only.
+        self.n_accepted = 0
+        self.clip_warned = False
 
     @property
     def n_unknown(self) -> int:
@@ -109,10 +119,32 @@ class RecordInput:
         schema = self.schema
         if schema.last_unknown:
             schema.unknown_records += 1
+        self.n_accepted += 1
         if schema.last_clipped:
             self.n_clipped += 1
+            if not self.clip_warned:
+                self._check_clip_rate()
         if self.task == "metric":
             self.labels.encode(y)
+
+    def _check_clip_rate(self) -> None:
+        """Warn once when most records are clipped: the model then sees little more than their
+        directions, usually because the features are not scaled (operator-only numbers, shown
+        only to whoever runs the learner)."""
+        if self.n_accepted < CLIP_WARN_AFTER or self.n_clipped <= CLIP_WARN_FRACTION * (
+            self.n_accepted
+        ):
+            return
+        self.clip_warned = True
+        warnings.warn(
+            f"{self.n_clipped} of the first {self.n_accepted} records had ‖x‖ > R = "
+            f"{self.radius:g} and were clipped to norm R: the model learns little more than "
+            "their directions. Scale the features to ‖x‖ ≲ R with public statistics "
+            "(stream_dp.preprocessing.PublicScaler) or private ones (ScaledLearner("
+            "PrivateScaler(...), learner)); the count is the learner's n_clipped",
+            UserWarning,
+            stacklevel=4,
+        )
 
     # -- batches ----------------------------------------------------------------------------
     def validate_batch(self, X, y) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -152,7 +184,11 @@ class RecordInput:
 
     def accept_batch(self, clipped: np.ndarray, labels) -> None:
         """Rows of :meth:`validate_batch` are learned (``clipped``: which of them were)."""
-        self.n_clipped += int(np.count_nonzero(clipped))
+        n = int(np.count_nonzero(clipped))
+        self.n_accepted += len(clipped)
+        self.n_clipped += n
+        if n and not self.clip_warned:
+            self._check_clip_rate()
         if self.task == "metric":
             for label in labels:
                 self.labels.encode(label)
@@ -223,6 +259,8 @@ class RecordInput:
             "schema": self.schema.names,
             "labels": dict(self.labels.codes),
             "n_clipped": self.n_clipped,
+            "n_accepted": self.n_accepted,
+            "clip_warned": self.clip_warned,
             "n_unknown": self.schema.unknown_records,
         }
 
@@ -232,3 +270,5 @@ class RecordInput:
         self.schema.unknown_records = int(state.get("n_unknown", 0))
         self.labels.codes = dict(state["labels"])
         self.n_clipped = int(state.get("n_clipped", 0))
+        self.n_accepted = int(state.get("n_accepted", 0))
+        self.clip_warned = bool(state.get("clip_warned", False))

@@ -31,7 +31,7 @@ _REGISTRY: dict[str, type[Mechanism]] = {}
 
 
 def register(cls: type[Mechanism]) -> type[Mechanism]:
-    """Class decorator: make a mechanism known by its ``name`` (checkpoints name it)."""
+    """Class decorator: make a mechanism known by its ``name`` (:func:`mechanism_class`)."""
     if not cls.name or cls.name in _REGISTRY:
         raise ValueError(f"a mechanism needs a new, non-empty name, got {cls.name!r}")
     _REGISTRY[cls.name] = cls
@@ -53,7 +53,7 @@ class Mechanism:
     bound to the learner's keyed noise and model shape once the dimension is known.
     """
 
-    #: The registry name (checkpoints record it).
+    #: The registry name.
     name: str = ""
     #: Where the noise enters: ``"output"`` (each release is perturbed and charged),
     #: ``"gradient"`` (every gradient is; the releases are free), ``"none"``.
@@ -92,9 +92,13 @@ class Mechanism:
         """Noise added to step t's gradient (flattened), or None."""
         return None
 
-    def release(self, t: int, w: np.ndarray) -> tuple[np.ndarray, bool] | None:
+    def release(self, t: int, w: np.ndarray) -> np.ndarray | None:
         """The model released at step t from the iterate ``w`` (flattened), charged to the
-        budget, and whether its eigenpairs were kept (metric task); None if refused."""
+        budget before it is computed; None if refused (the budget is spent)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def warmup_model(self, t: int, constraint) -> np.ndarray:
+        """The data-independent model a warm-up step ``t <= warmup`` holds (in ``constraint``)."""
         raise NotImplementedError  # pragma: no cover
 
     def fast_settings(self):

@@ -12,6 +12,7 @@ from stream_dp.online.budgeted import BudgetedLearner
 from stream_dp.online.correlated import CorrelatedNoiseMechanism
 from stream_dp.online.interfaces import AUCInterface, MetricInterface
 from stream_dp.online.params import river_check_params
+from stream_dp.operator_metrics import check_shares
 from stream_dp.privacy.budget import zcdp_budget
 from stream_dp.privacy.influence import pair_term_bounds, window_pattern
 from stream_dp.privacy.mf import MECHANISM_NAME, MFMechanism, make_factorization
@@ -142,7 +143,11 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         The keyed noise source: ``None`` for :class:`stream_dp.privacy.KeyedNoise`. Anything
         else marks every release non-private.
     budget_share
-        The fraction of the budget's ρ the stream's charge may spend (default: all of it).
+        The fraction of the budget's ρ the stream's charge may spend (default: what
+        ``metrics_share`` leaves, all of it without metrics).
+    metrics_share, metrics_noise
+        The share of ρ and the noise of the differentially private operator metrics (as
+        :class:`~stream_dp.online.OnPairStrC`; default 0: none).
 
     Examples
     --------
@@ -184,7 +189,9 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         keep_history: bool = False,
         max_buffer_warning: int = 100_000,
         noise_source: type | None = None,
-        budget_share: float = 1.0,
+        budget_share: float | None = None,
+        metrics_share: float = 0.0,
+        metrics_noise: str = "blt",
     ) -> None:
         self.task = task
         self.epsilon = epsilon
@@ -206,8 +213,11 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         self.max_buffer_warning = max_buffer_warning
         self.noise_source = noise_source
         self.budget_share = budget_share
+        self.metrics_share = metrics_share
+        self.metrics_noise = metrics_noise
         _check_params(self)
         self._setup(0.0)
+        self._metrics = self._operator_metrics()
 
     # -- the rules: data-independent --------------------------------------------------------------
     @property
@@ -234,8 +244,9 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         if self.epsilon is not None:
             budget = zcdp_budget(self.epsilon, self.delta, self.conversion)
             budget.accountant.private = self.seed is None and self.noise_source is None
-            if self.budget_share != 1.0:
-                budget = budget.slice(self.budget_share, MECHANISM_NAME)
+            share = self._release_share()
+            if share != 1.0:
+                budget = budget.slice(share, MECHANISM_NAME)
             rho = budget.limit
         mf = MFMechanism(factorization, pattern, horizon, rho, size)
         return CorrelatedNoiseMechanism(mf, budget, self.averaging, horizon)
@@ -349,9 +360,7 @@ def _check_params(m: OnPairMF) -> None:
     if m.averaging is not None and not (isinstance(m.averaging, int | float)
                                         and m.averaging >= 0):  # fmt: skip
         raise ValueError(f"averaging must be None or a number >= 0, got {m.averaging!r}")
-    share = m.budget_share
-    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
-        raise ValueError(f"budget_share must be in (0, 1], got {share!r}")
+    check_shares(m.budget_share, m.metrics_share, m.metrics_noise)
 
 
 class OnPairMFAUC(OnPairMF, AUCInterface):

@@ -16,6 +16,7 @@ from stream_dp.online.budgeted import BudgetedLearner
 from stream_dp.online.interfaces import AUCInterface, MetricInterface
 from stream_dp.online.output_perturbation import OutputPerturbation
 from stream_dp.online.params import river_check_params
+from stream_dp.operator_metrics import check_shares
 from stream_dp.privacy.budget import zcdp_budget
 from stream_dp.privacy.events import gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
@@ -102,11 +103,20 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
         The keyed noise source: ``None`` for :class:`stream_dp.privacy.KeyedNoise`. Anything
         else (the audit's deliberately weakened variants) marks every release non-private.
     budget_share
-        The fraction of the budget's ρ the releases may spend (default: all of it). The rest is
-        left to other components charging the same :attr:`budget` under their own names — a
-        private scaler in front of the learner, private operator metrics — so that the ledger's
-        ``spent()`` is the guarantee of everything together (``docs/privacy.md``,
-        *Accounting*).
+        The fraction of the budget's ρ the releases may spend (default: what ``metrics_share``
+        leaves, all of it without metrics). The rest is left to other components charging the
+        same :attr:`budget` under their own names — a private scaler in front of the learner,
+        the private operator metrics — so that the ledger's ``spent()`` is the guarantee of
+        everything together (``docs/privacy.md``, *Accounting*). ``budget_share +
+        metrics_share`` may not exceed 1.
+    metrics_share
+        The fraction of ρ spent on differentially private operator metrics (default 0: none):
+        the running average penalty of the served models and the clip and unknown-feature
+        rates, released by :meth:`release_metrics` at any step for one charge
+        (:mod:`stream_dp.operator_metrics`; needs ``track_regret``).
+    metrics_noise
+        Their continual-release noise: ``"blt"`` (default; also for ``horizon=None``) or
+        ``"tree"``.
 
     Examples
     --------
@@ -152,7 +162,9 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
         keep_history: bool = False,
         max_buffer_warning: int = 100_000,
         noise_source: type | None = None,
-        budget_share: float = 1.0,
+        budget_share: float | None = None,
+        metrics_share: float = 0.0,
+        metrics_noise: str = "blt",
     ) -> None:
         self.task = task
         self.epsilon = epsilon
@@ -178,12 +190,15 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
         self.max_buffer_warning = max_buffer_warning
         self.noise_source = noise_source
         self.budget_share = budget_share
+        self.metrics_share = metrics_share
+        self.metrics_noise = metrics_noise
         _check_release_params(self)
         self._setup(
             self._alpha_rule(),
             window=int(smoothing_window),
             smoothed=predict_with == "smoothed",
         )
+        self._metrics = self._operator_metrics()
 
     def _alpha_rule(self) -> float:
         """α as given, or the default rule: a preferred α (:meth:`_preferred_alpha`), raised
@@ -234,9 +249,8 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
             schedule = AnytimeSchedule(self.anytime_p)
         budget = zcdp_budget(self.epsilon, self.delta, self.conversion)
         budget.accountant.private = self.seed is None and self.noise_source is None
-        releases = (
-            budget if self.budget_share == 1.0 else budget.slice(self.budget_share, "gaussian")
-        )
+        share = self._release_share()
+        releases = budget if share == 1.0 else budget.slice(share, "gaussian")
         tracker = CertifiedSensitivity(
             c.lipschitz, c.strong_convexity, c.smoothness, self._constraint.diameter,
             shared_members=buffer.kind == "all", distinct=buffer.distinct,
@@ -320,6 +334,7 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
             f"α={c.strong_convexity:.4g}; ρ budget={self.budget.limit:.4g} "
             f"(ε={self.epsilon}, δ={self.delta}, {self.conversion}); {sched}; "
             f"σ per coordinate at step {first} ≈ {sig} ({self.sensitivity} sensitivity)"
+            + self._describe_metrics()
         )
 
     def __repr__(self) -> str:
@@ -347,9 +362,7 @@ def _check_release_params(m: OnPairStrC) -> None:
         raise ValueError(f"sensitivity must be 'certified' or 'paper', got {m.sensitivity!r}")
     if m.warmup is not None and (isinstance(m.warmup, bool) or int(m.warmup) < 1):
         raise ValueError(f"warmup must be None (the paper's T1) or an int >= 1, got {m.warmup!r}")
-    share = m.budget_share
-    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
-        raise ValueError(f"budget_share must be in (0, 1], got {share!r}")
+    check_shares(m.budget_share, m.metrics_share, m.metrics_noise)
 
 
 class OnPairStrCAUC(OnPairStrC, AUCInterface):

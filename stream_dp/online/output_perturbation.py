@@ -19,7 +19,6 @@ sensitivity*, *Accounting*); the algorithm: ``docs/algorithms.md`` (*OnPairStrC*
 from __future__ import annotations
 
 import copy
-import warnings
 
 import numpy as np
 
@@ -234,16 +233,3 @@ class OutputPerturbation(Mechanism):
         self.exhausted_why = state.get("exhausted_why")
         self._certain = 0
         self._ledger_len = -1
-
-
-def warn_exhausted(learner_name: str, t: int, why: str, release_step: int) -> None:
-    """The one warning an exhausted learner gives."""
-    warnings.warn(
-        f"{learner_name} is exhausted at step {t} ({why}); it keeps serving its release of step "
-        f"{release_step} and learns nothing more",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-
-
-__all__ += ["warn_exhausted"]

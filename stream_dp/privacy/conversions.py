@@ -1,6 +1,6 @@
 """Conversions between zero-concentrated DP (ρ-zCDP) and approximate (ε, δ)-DP.
 
-Two conversions are offered (SPEC §5):
+Two conversions are offered (docs/privacy.md, *Accounting*):
 
 * ``"tight"`` (default) — Canonne, Kamath & Steinke (2020), via Rényi DP: a ρ-zCDP mechanism is
   (α, ρα)-RDP for every α > 1, and (α, τ)-RDP implies (ε, δ)-DP with

@@ -38,7 +38,7 @@ from stream_dp.privacy.factorizations import (
 )
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
 
-__all__ = ["CorrelatedNoise", "blt_rows", "block_rows", "standard_rows"]
+__all__ = ["CorrelatedNoise", "blt_rows", "block_rows", "standard_rows", "tree_node_counters"]
 
 
 def _blt_loop(Z, R, lam, beta, rows):  # pragma: no cover - compiled with numba only
@@ -102,6 +102,21 @@ def blt_rows(Z: np.ndarray, R: np.ndarray, lam: np.ndarray, beta: np.ndarray, co
 # Node (ℓ, q) of the binary tree draws the standard row of counter (q << 6) | ℓ: unique for
 # every level ℓ < 64 and index q.
 _TREE_LEVEL_BITS = 6
+
+
+def tree_node_counters(nodes: list[tuple[int, int]]) -> np.ndarray:
+    """The keyed-noise counters of binary-tree nodes ``(ℓ, q)``: ``(q << 6) | ℓ``.
+
+    Node (ℓ, q)'s standard row is ``standard_rows(keyed, counters, size, purpose)``; the noise
+    of the prefix sum ``1 … t`` is the sum of the rows of ``BinaryTree.decomposition(t)``.
+
+    Examples
+    --------
+    >>> tree_node_counters([(0, 5), (2, 1)]).tolist()
+    [320, 66]
+
+    """
+    return np.array([(q << _TREE_LEVEL_BITS) | lv for lv, q in nodes], dtype=np.int64)
 
 
 def block_rows(size: int) -> int:
@@ -242,8 +257,7 @@ class CorrelatedNoise:
             t = first + r
             plus, minus = decomposition(t), decomposition(t - 1)
             nodes = sorted(set(plus) | set(minus))
-            keys = np.array([(q << _TREE_LEVEL_BITS) | lv for lv, q in nodes], dtype=np.int64)
-            Z = standard_rows(self.keyed, keys, self.size, self.purpose)
+            Z = standard_rows(self.keyed, tree_node_counters(nodes), self.size, self.purpose)
             for node, z in zip(nodes, Z, strict=True):
                 out[r] += (node in plus) * z - (node in minus) * z
         return out

@@ -14,7 +14,8 @@ pattern of the buffer (:mod:`stream_dp.privacy.influence`) and the horizon, neve
 Horizons: a known horizon n is the default (Δ uses ``C`` restricted to n steps; after step n
 the learner stops). ``horizon=None`` is offered for BLT only: its column norms converge (every
 decay θ < 1), so ``Δ_∞ = lim_n Δ_n`` is finite and charging it up front covers an unbounded
-stream for the same single cost; the BLT is then fitted for ``fit_horizon`` steps.
+stream for the same single cost; the BLT is then fitted for the learner's nominal horizon
+(:data:`stream_dp.online.onpairmf.NOMINAL_HORIZON`).
 
 """
 

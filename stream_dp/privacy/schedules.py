@@ -1,4 +1,5 @@
-"""Budget schedules: how a total ρ is split over the releases of a stream (SPEC §5).
+"""Budget schedules: how a total ρ is split over the releases of a stream (docs/privacy.md,
+*Accounting*).
 
 A schedule maps the k-th *charged* release (k = 1, 2, …) to the share of ρ it may spend. The
 shares of every schedule sum to at most 1, and are shaved by ``_SAFETY`` so that floating-point

@@ -50,6 +50,8 @@ PURPOSES: tuple[str, ...] = (
     "offline",  # offline algorithms' output noise
     "sampling",  # offline algorithms' index sampling
     "audit",  # the empirical audit's own randomness
+    "metrics",  # noise of the differentially private operator metrics
+    "scaler",  # noise added to a private scaler's released statistics
 )
 
 _PERSON = b"stream_dp/v2"  # BLAKE2b personalisation: no other protocol shares these keys

@@ -1,0 +1,61 @@
+"""The import layers of ``docs/design.md`` (*Layers*): the arrows that must not exist."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "stream_dp"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (at any depth: a lazy import is still an arrow)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return out
+
+
+FORBIDDEN = [
+    # (modules under, may not import) — why: docs/design.md, *Layers*.
+    ("privacy", ("stream_dp.online", "stream_dp.offline", "stream_dp.engine", "stream_dp.apps")),
+    ("offline", ("stream_dp.online", "stream_dp.engine", "stream_dp.apps")),
+    ("online", ("stream_dp.offline", "stream_dp.engine", "stream_dp.apps")),
+    ("engine", ("stream_dp.apps",)),
+]
+
+
+#: The floor: the mathematics every algorithm shares imports no algorithm and no application.
+FLOOR = ("losses", "constraints", "linalg", "_jit", "sensitivity", "records", "huai", "metrics")
+FORBIDDEN.append(
+    ("floor", ("stream_dp.online", "stream_dp.offline", "stream_dp.engine", "stream_dp.apps",
+               "stream_dp.privacy"))
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("layer", "banned"), FORBIDDEN, ids=[f[0] for f in FORBIDDEN])
+def test_no_arrow_against_the_layers(layer: str, banned: tuple[str, ...]) -> None:
+    if layer == "floor":
+        files = [PACKAGE / f"{name}.py" for name in FLOOR]
+    else:
+        files = sorted((PACKAGE / layer).rglob("*.py"))
+    assert files
+    bad = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in files
+        for name in sorted(_imports(path))
+        if any(name == b or name.startswith(b + ".") for b in banned)
+    ]
+    assert not bad, bad
+
+
+def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from stream_dp.online import OnPairStrC\n")
+    assert "stream_dp.online" in _imports(probe)
