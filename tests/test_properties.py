@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from connectors.schema import REASONS, InputRecord, RecordError, parse_record
 from stream_dp import records as _records
-from stream_dp.audit.core import _offline_classes
+from stream_dp.audit.targets import _offline_classes
 from stream_dp.online import OnPairC, OnPairStrC, PairwiseGIGA
 from stream_dp.records import InvalidRecord, clip_norm
 

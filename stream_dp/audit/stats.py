@@ -1,18 +1,32 @@
-"""Statistics of an empirical privacy audit: Clopper–Pearson bounds and the ε lower bound.
+"""Statistics of an empirical privacy audit: the bounds one fixed test certifies.
 
-An (ε, δ)-DP mechanism M gives, for every test that guesses from one output whether a canary
-was in the input (Kairouz et al. 2015; Jagielski et al. 2020; Nasr et al. 2021)::
+A test guesses from one output whether a canary was in the input; on neighbouring inputs it has
+a false-positive rate α (benign world, said "canary") and a false-negative rate β. Two
+guarantees constrain every such pair, and each gives a lower bound:
 
-    FPR + e^ε · FNR ≥ 1 − δ      and      FNR + e^ε · FPR ≥ 1 − δ
+* **(ε, δ)-DP** (Kairouz et al. 2015; Jagielski et al. 2020; Nasr et al. 2021)::
 
-so any observed pair of error rates certifies ``ε ≥ max(log((1 − δ − FNR)/FPR),
-log((1 − δ − FPR)/FNR))``. With finitely many trials the rates are replaced by Clopper–Pearson
-*upper* confidence bounds, each at level ``1 − (1 − confidence)/2`` so that both hold together
-with probability ``confidence`` (union bound); the resulting ε is then a lower bound on the
-mechanism's true ε with at least that probability.
+      α + e^ε·β ≥ 1 − δ      and      β + e^ε·α ≥ 1 − δ
 
-The threshold of the test must be chosen on trials that are *not* used to estimate the rates
-(:func:`select_threshold` on a calibration half, :func:`epsilon_lower_bound` on the other half).
+  so an observed pair certifies ``ε ≥ max(log((1 − δ − β)/α), log((1 − δ − α)/β))``
+  (:func:`epsilon_from_rates`). Only a test far in the tails certifies much: the evidence is a
+  ratio of small rates.
+* **μ-Gaussian DP** (Dong, Roth & Su 2022, Def. 2.6): every test has ``β ≥ Φ(Φ⁻¹(1 − α) − μ)``,
+  so an observed pair certifies ``μ ≥ Φ⁻¹(1 − α) − Φ⁻¹(β)`` (:func:`gdp_mu_from_rates`). This
+  needs no tail: at a central threshold, where the rates are most precisely measured, it is as
+  tight as anywhere for a Gaussian mechanism. A bound on μ is *not* a bound on ε: it says the
+  mechanism is not μ'-GDP for μ' below it, hence that no Gaussian-DP account of it — such as a
+  ledger of Gaussian releases, which composes to ``μ = √(Σ Δ_t²/σ_t²)`` (their Cor. 3.3) — can
+  certify less than :func:`gdp_epsilon` of it.
+
+With finitely many trials the rates are replaced by Clopper–Pearson *upper* confidence bounds,
+each at level ``1 − (1 − confidence)/2`` so that both hold together with probability
+``confidence`` (union bound); both certified quantities only decrease when a rate increases, so
+the bound holds with at least that probability.
+
+The test — the score's weights and its threshold — must be fixed before the trials that are
+counted are drawn (:func:`fit_linear_test`, :func:`central_threshold`, :func:`tail_threshold` on
+pilot trials only).
 
 """
 
@@ -21,13 +35,22 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
+from stream_dp.privacy.conversions import gaussian_epsilon_exact
+
 __all__ = [
+    "central_threshold",
     "clopper_pearson_upper",
     "epsilon_from_rates",
     "epsilon_lower_bound",
-    "select_threshold",
     "fit_linear_test",
+    "gdp_epsilon",
+    "gdp_mu_from_rates",
+    "gdp_mu_lower_bound",
+    "tail_threshold",
 ]
+
+#: Level of the one-standard-error upper bound on a pilot rate (Φ(1)): see :func:`tail_threshold`.
+_ONE_SE = 0.8413447460685429
 
 
 def clopper_pearson_upper(k: int | np.ndarray, n: int, level: float) -> float | np.ndarray:
@@ -137,10 +160,12 @@ def epsilon_lower_bound(
 def fit_linear_test(canary: np.ndarray, benign: np.ndarray) -> np.ndarray:
     """Weights of a linear score that separates canary from benign observations.
 
-    A diagonal linear discriminant: ``w_j = (mean_canary_j − mean_benign_j) / pooled var_j``.
-    For independent Gaussian releases with a mean shift this *is* the likelihood-ratio
-    statistic; otherwise it is just a score whose threshold the audit calibrates. Fit it on the
-    calibration half only.
+    Fisher's linear discriminant: ``w = Σ⁻¹·(mean_canary − mean_benign)`` with Σ the pooled
+    covariance of the two worlds (plus a ridge of 1e-12 of its mean variance). For Gaussian
+    releases with a mean shift — independent or correlated (noise correlated across steps) —
+    this *is* the log-likelihood-ratio statistic, the most powerful test (Neyman–Pearson);
+    otherwise it is just a score whose thresholds the audit calibrates. Fit it on pilot trials
+    only.
 
     Parameters
     ----------
@@ -149,43 +174,132 @@ def fit_linear_test(canary: np.ndarray, benign: np.ndarray) -> np.ndarray:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> c = np.array([[1.0, 0.0], [3.0, 0.1]]); b = np.array([[-1.0, 0.0], [-3.0, -0.1]])
-    >>> fit_linear_test(c, b)  # the second feature is as informative but 20 times less noisy
-    array([ 4., 40.])
+    Two releases with shared noise, the second without signal: the discriminant uses it to
+    cancel the first release's noise (a diagonal one would ignore it).
+
+    >>> rng = np.random.default_rng(0)
+    >>> def world(m, n=200_000):
+    ...     z, e = rng.normal(size=n), rng.normal(scale=0.1, size=n)
+    ...     return np.column_stack([m + z, z + e])
+    >>> w = fit_linear_test(world(0.1), world(-0.1))
+    >>> np.round(w / w[0], 1)  # the score is ≈ x₁ − x₂ = m − e: the shared noise is gone
+    array([ 1., -1.])
 
     """
-    canary = np.atleast_2d(np.asarray(canary, dtype=float))
-    benign = np.atleast_2d(np.asarray(benign, dtype=float))
+    canary = np.asarray(canary, dtype=float)
+    benign = np.asarray(benign, dtype=float)
+    canary = canary.reshape(len(canary), -1)
+    benign = benign.reshape(len(benign), -1)
     diff = canary.mean(axis=0) - benign.mean(axis=0)
-    var = 0.5 * (canary.var(axis=0) + benign.var(axis=0))
-    scale = float(np.max(var)) if var.size else 0.0
-    var = np.maximum(var, 1e-12 * max(scale, 1e-300))
-    return diff / var
+    cov = 0.5 * (
+        np.atleast_2d(np.cov(canary, rowvar=False, bias=True))
+        + np.atleast_2d(np.cov(benign, rowvar=False, bias=True))
+    )
+    ridge = 1e-12 * max(float(np.trace(cov)) / len(cov), 1e-300)
+    return np.linalg.solve(cov + ridge * np.eye(len(cov)), diff)
 
 
-def select_threshold(
-    canary_scores: np.ndarray,
-    benign_scores: np.ndarray,
-    delta: float,
-    confidence: float = 0.95,
-    max_candidates: int = 4096,
-) -> tuple[float, float]:
-    """The threshold τ ("canary" iff score > τ) that maximises the certified ε on these scores.
+def gdp_mu_from_rates(fpr: float | np.ndarray, fnr: float | np.ndarray) -> float | np.ndarray:
+    """The μ a test with false-positive rate ``fpr`` and false-negative ``fnr`` certifies.
 
-    Use calibration trials only: the returned threshold is then a fixed test for the evaluation
-    trials, and their Clopper–Pearson bound is valid.
-
-    Returns
-    -------
-    (threshold, epsilon_on_these_scores)
+    ``max(0, Φ⁻¹(1 − fpr) − Φ⁻¹(fnr))``: a μ-GDP mechanism has ``fnr ≥ Φ(Φ⁻¹(1 − fpr) − μ)``.
+    The expression is symmetric in the two rates, as the GDP trade-off curve is.
 
     Examples
     --------
-    >>> import numpy as np
+    >>> from scipy import stats
+    >>> round(gdp_mu_from_rates(stats.norm.sf(0.5), stats.norm.cdf(-0.5)), 12)  # N(0,1), N(1,1)
+    1.0
+    >>> gdp_mu_from_rates(0.5, 0.5)
+    0.0
+
+    """
+    fpr = np.asarray(fpr, dtype=float)
+    fnr = np.asarray(fnr, dtype=float)
+    mu = np.fmax(stats.norm.isf(fpr) + stats.norm.isf(fnr), 0.0)
+    mu = np.nan_to_num(mu, nan=0.0)
+    return float(mu) if mu.ndim == 0 else mu
+
+
+def gdp_mu_lower_bound(
+    false_positives: int | np.ndarray,
+    n_negative: int,
+    false_negatives: int | np.ndarray,
+    n_positive: int,
+    confidence: float = 0.95,
+) -> float | np.ndarray:
+    """Clopper–Pearson lower bound on the GDP μ of a mechanism from one fixed test's errors.
+
+    With probability at least ``confidence`` the mechanism is not μ-GDP for any μ below the
+    result (both rates bounded at ``1 − (1 − confidence)/2``, as in
+    :func:`epsilon_lower_bound`).
+
+    Examples
+    --------
+    >>> round(gdp_mu_lower_bound(30_854, 100_000, 30_854, 100_000), 3)  # rates Φ(−½): μ = 1
+    0.984
+    >>> gdp_mu_lower_bound(50_000, 100_000, 50_000, 100_000)
+    0.0
+
+    """
+    level = 1.0 - (1.0 - confidence) / 2.0
+    fpr_ub = clopper_pearson_upper(false_positives, n_negative, level)
+    fnr_ub = clopper_pearson_upper(false_negatives, n_positive, level)
+    return gdp_mu_from_rates(fpr_ub, fnr_ub)
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The smallest ε for which a μ-GDP mechanism is (ε, δ)-DP (Balle & Wang 2018, Thm. 8).
+
+    The exact privacy profile of a Gaussian mechanism with ``Δ/σ = μ``
+    (:func:`stream_dp.privacy.conversions.gaussian_epsilon_exact` with ``ρ = μ²/2``).
+
+    Examples
+    --------
+    >>> round(gdp_epsilon(0.2472, 1e-5), 3)  # the ledger's ρ = 0.0306 at ε = 1, δ = 1e-5
+    0.915
+
+    """
+    return gaussian_epsilon_exact(0.5 * float(mu) ** 2, delta)
+
+
+def central_threshold(canary_scores: np.ndarray, benign_scores: np.ndarray) -> float:
+    """The midpoint of the two worlds' median scores: the GDP test's threshold.
+
+    For a location family this equalises the two error rates; there the rates have the least
+    relative error, and for Gaussian scores the GDP bound is as tight as at any threshold.
+    Use pilot scores only.
+
+    Examples
+    --------
+    >>> central_threshold(np.array([1.0, 2.0, 3.0]), np.array([-1.0, 0.0, 1.0]))
+    1.0
+
+    """
+    return 0.5 * float(np.median(canary_scores) + np.median(benign_scores))
+
+
+def tail_threshold(
+    canary_scores: np.ndarray,
+    benign_scores: np.ndarray,
+    n_eval: int,
+    delta: float,
+    confidence: float = 0.95,
+    max_candidates: int = 4096,
+) -> float:
+    """The threshold τ ("canary" iff score > τ) of the (ε, δ) test, planned on pilot scores.
+
+    Each candidate (a pilot score, in either tail) is judged by the bound it would certify on
+    ``n_eval`` fresh trials per world if the fresh rates were the pilot's rates raised by one
+    standard error (their Clopper–Pearson bound at Φ(1)): the raise keeps a threshold whose few
+    pilot events happened to fall favourably from winning (the winner's curse). Only the choice
+    depends on this; the bound is then computed on the fresh trials alone.
+
+    Examples
+    --------
     >>> rng = np.random.default_rng(0)
-    >>> tau, eps = select_threshold(rng.normal(3, 1, 4000), rng.normal(0, 1, 4000), 1e-5)
-    >>> 1.0 < tau < 4.0 and eps > 2.0
+    >>> tau = tail_threshold(rng.normal(1, 1, 20_000), rng.normal(0, 1, 20_000), 200_000, 1e-5)
+    >>> 1.5 < abs(tau - 0.5) < 4.0  # in a tail (both are alike for a Gaussian shift)
     True
 
     """
@@ -197,6 +311,7 @@ def select_threshold(
     candidates = np.concatenate([[pooled[0] - 1.0], pooled])
     fp = len(b) - np.searchsorted(b, candidates, side="right")  # benign scored above τ
     fn = np.searchsorted(c, candidates, side="right")  # canary scored at or below τ
-    eps = np.asarray(epsilon_lower_bound(fp, len(b), fn, len(c), delta, confidence))
-    best = int(np.argmax(eps))
-    return float(candidates[best]), float(eps[best])
+    fpr = clopper_pearson_upper(fp, len(b), _ONE_SE)
+    fnr = clopper_pearson_upper(fn, len(c), _ONE_SE)
+    expected = epsilon_lower_bound(fpr * n_eval, n_eval, fnr * n_eval, n_eval, delta, confidence)
+    return float(candidates[int(np.argmax(expected))])
