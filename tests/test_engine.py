@@ -541,6 +541,8 @@ def test_status_carries_no_raw_statistics_unless_asked(tmp_path):
     engine.run()
     got = json.loads(raw.read_text())
     assert got["average_penalty"] == engine.learner.regret.average_penalty
+    assert got["clipped_records"] == engine.learner.n_clipped  # the raw clip count: here only
+    assert "clipped_records" not in json.loads((tmp_path / "b" / "status.json").read_text())
     assert got["private"] is False and oct(raw.stat().st_mode & 0o777) == "0o600"
 
 

@@ -84,6 +84,8 @@ def raw_operator_metrics(learner: Any) -> dict[str, Any]:
     return {
         "average_penalty": learner.regret.average_penalty,
         "penalty_steps": learner.regret.steps,
+        "clipped_records": learner.n_clipped,  # ‖x‖ > R: many mean badly scaled features
+        "learned_records": learner.step,
     }
 
 
