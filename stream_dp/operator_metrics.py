@@ -406,8 +406,9 @@ class OperatorMetricsMixin:
         >>> for i in range(200):
         ...     model.learn_one({"a": (i % 7) / 7, "b": 3.0 * (i % 2)}, i % 2 == 0)
         >>> m = model.release_metrics()
+        >>> # Penalties are scored once a model is served: from the first release (step 20).
         >>> m["step"], m["scored_steps"], sorted(k for k in m if k.endswith("_std"))
-        (200, 199, ['average_penalty_std', 'clip_rate_std', 'unknown_feature_rate_std'])
+        (200, 180, ['average_penalty_std', 'clip_rate_std', 'unknown_feature_rate_std'])
         >>> [e.mechanism for e in model.accountant.ledger][-1]
         'gaussian-metrics'
 
