@@ -179,7 +179,9 @@ def results_markdown(
         f"{SMOOTHING_WINDOW} releases; post-processing, no extra budget) for OnPairStrC/OnPairC, "
         "the released average of the iterates for OnPairMF, the iterate for GIGA. ± is two "
         "Hanley–McNeil standard errors. **verdict** says whether "
-        "the AUC is more than 2 se away from 0.5 (one noise seed; see the spread below).",
+        "the AUC is more than 2 se away from 0.5 (one noise seed; see the spread below). The "
+        "test split, like the calibration block, is public benchmark data the evaluator holds: "
+        "the guarantee covers the streamed records.",
         "- **ε spent**: `accountant.spent()` at the end (the horizon schedule spends the whole "
         "budget over the releases after T1); T1 steps release data-independent random models "
         "at no cost.",
