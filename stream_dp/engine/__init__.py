@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from stream_dp.engine.config import ConfigError, EngineConfig, load_config
 from stream_dp.engine.errors import EngineError, Fenced, KafkaUnavailable, StateError
-from stream_dp.engine.runner import Engine, EngineStats
+from stream_dp.engine.runner import Engine
 from stream_dp.engine.scaleout import ScaleOut
+from stream_dp.engine.status import EngineStats
 
 __all__ = [
     "ConfigError",

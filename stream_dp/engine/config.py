@@ -55,7 +55,12 @@ from pydantic import (
     model_validator,
 )
 
-from stream_dp.engine.learners import ENGINE_ALGORITHMS, model_section, model_sections
+from stream_dp.engine.learners import (
+    DEFAULT_ALGORITHM,
+    ENGINE_ALGORITHMS,
+    model_section,
+    model_sections,
+)
 
 __all__ = [
     "CheckpointConfig",
@@ -251,7 +256,7 @@ class ScaleConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    model: ModelConfig = Field(default_factory=lambda: model_section("OnPairStrC")())
+    model: ModelConfig = Field(default_factory=lambda: model_section(DEFAULT_ALGORITHM)())
     source: SourceConfig
     releases: SinkConfig
     dead_letters: SinkConfig
@@ -266,7 +271,7 @@ class EngineConfig(_Strict):
     def _default_algorithm(cls, data: Any) -> Any:
         model = data.get("model") if isinstance(data, dict) else None
         if isinstance(model, dict) and "algorithm" not in model:
-            data = {**data, "model": {**model, "algorithm": "OnPairStrC"}}
+            data = {**data, "model": {**model, "algorithm": DEFAULT_ALGORITHM}}
         return data
 
     @model_validator(mode="after")

@@ -30,10 +30,19 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-__all__ = ["ENGINE_ALGORITHMS", "LearnerSection", "learner_class", "model_section"]
+__all__ = [
+    "DEFAULT_ALGORITHM",
+    "ENGINE_ALGORITHMS",
+    "LearnerSection",
+    "learner_class",
+    "model_section",
+]
 
 ENGINE_ALGORITHMS = ("OnPairStrC", "OnPairC", "OnPairMF")
 """The private online learners the engine can run (``[model] algorithm``)."""
+
+DEFAULT_ALGORITHM = "OnPairStrC"
+"""The learner of a ``[model]`` section that names none."""
 
 _NOT_CONFIGURABLE = frozenset({"keep_history"})
 _PLAIN = (str, int, float, bool, type(None))

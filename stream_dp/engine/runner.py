@@ -55,7 +55,7 @@ from stream_dp.engine.status import (
 )
 from stream_dp.records import InvalidRecord
 
-__all__ = ["Engine", "EngineStats"]
+__all__ = ["Engine"]
 
 log = logging.getLogger("stream_dp.engine")
 

@@ -23,8 +23,6 @@ from typing import Any
 
 from stream_dp.checkpoint import write_private
 
-log = logging.getLogger("stream_dp.engine")
-
 __all__ = [
     "EngineStats",
     "StatusReports",
@@ -34,6 +32,8 @@ __all__ = [
     "note_unknown_features",
     "raw_operator_metrics",
 ]
+
+log = logging.getLogger("stream_dp.engine")
 
 
 def dp_operator_metrics(learner: Any) -> dict[str, Any]:
