@@ -116,6 +116,8 @@ class TransactionalPublisher:
         self._producer: Any = None
         self._ready = False
         self._generation = 0  # bumped when a producer is discarded (and its attempt with it)
+        # Abandoned attempts finish in their worker threads, after the caller moved on.
+        self._state_lock = threading.Lock()
         self._closed = False
         #: ``time.time()`` since which attempts have been failing (None after a success).
         self.failing_since: float | None = None
@@ -159,22 +161,37 @@ class TransactionalPublisher:
     def _new_producer(self) -> Any:
         from kafka import KafkaProducer
 
-        self._discard()
-        generation = self._generation
+        generation = self._discard()
         producer = KafkaProducer(**self._config)
-        if generation != self._generation:  # this attempt was abandoned meanwhile
-            _close_quietly(producer)
-            raise RuntimeError("abandoned")
-        self._producer = producer
+        with self._state_lock:
+            if generation != self._generation:  # this attempt was abandoned meanwhile
+                _close_quietly(producer)
+                raise RuntimeError("abandoned")
+            self._producer = producer
         producer.init_transactions()
-        self._ready = True
+        with self._state_lock:
+            # An attempt abandoned during init_transactions must not mark a later (or no)
+            # producer ready: its own producer was discarded with its generation.
+            if generation != self._generation:
+                raise RuntimeError("abandoned")
+            self._ready = True
         return producer
 
-    def _discard(self) -> None:
-        self._generation += 1
-        producer, self._producer, self._ready = self._producer, None, False
+    def _ready_producer(self) -> Any:
+        with self._state_lock:
+            if self._ready:
+                return self._producer
+        return self._new_producer()
+
+    def _discard(self) -> int:
+        """Drop the producer (its attempt with it); return the new generation."""
+        with self._state_lock:
+            self._generation += 1
+            producer, self._producer, self._ready = self._producer, None, False
+            generation = self._generation
         if producer is not None:
             _close_quietly(producer)
+        return generation
 
     def _retry(
         self,
@@ -282,7 +299,7 @@ class TransactionalPublisher:
             raise ValueError("offsets need their group_id")
 
         def attempt() -> None:
-            producer = self._producer if self._ready else self._new_producer()
+            producer = self._ready_producer()
             producer.begin_transaction()
             futures = [producer.send(t, value=v, key=k) for t, k, v in messages]
             if offsets:

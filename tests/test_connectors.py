@@ -704,3 +704,84 @@ def test_source_message_is_immutable() -> None:
     with pytest.raises(AttributeError):
         msg.value = b"x"  # type: ignore[misc]
     assert msg.key is None
+
+
+class _FakeTransactionalProducer:
+    """A stand-in KafkaProducer: the first one hangs in init_transactions until released."""
+
+    made: list[_FakeTransactionalProducer] = []
+    release_first = None  # threading.Event, set by the test
+
+    def __init__(self, **config: Any) -> None:
+        self.index = len(self.made)
+        self.made.append(self)
+        self.closed = False
+        self.committed: list[list[tuple[str, bytes | None, bytes]]] = []
+        self.fail_commit_once = self.index == 1
+
+    def init_transactions(self) -> None:
+        if self.index == 0:
+            self.release_first.wait(30)
+
+    def begin_transaction(self) -> None:
+        self.batch: list[tuple[str, bytes | None, bytes]] = []
+
+    def send(self, topic: str, value: bytes, key: bytes | None) -> Any:
+        self.batch.append((topic, key, value))
+
+        class Done:
+            def failed(self) -> bool:
+                return False
+
+        return Done()
+
+    def commit_transaction(self) -> None:
+        from kafka.errors import KafkaConnectionError
+
+        if self.fail_commit_once:
+            self.fail_commit_once = False
+            raise KafkaConnectionError("broker went away")
+        self.committed.append(self.batch)
+
+    def close(self, timeout: float | None = None) -> None:
+        self.closed = True
+
+
+def test_an_abandoned_attempt_that_finishes_late_does_not_break_the_next(monkeypatch) -> None:
+    """An attempt abandoned in init_transactions finishes after the publisher moved on.
+
+    It must neither mark the publisher ready (a later attempt would find no producer) nor touch
+    the producer of a later attempt: the batch is published, once, by a live producer.
+    """
+    import threading
+
+    import kafka
+
+    from connectors.transactions import TransactionalPublisher
+
+    fake = _FakeTransactionalProducer
+    fake.made = []
+    fake.release_first = threading.Event()
+    pub = TransactionalPublisher(
+        "127.0.0.1:1", "stream-dp.test", attempt_timeout_s=0.3, retry_backoff_max_s=0.01
+    )
+    monkeypatch.setattr(kafka, "KafkaProducer", fake)
+    pub.start()  # the first producer hangs and is abandoned; the second one starts
+    assert len(fake.made) == 2 and fake.made[0].closed
+
+    def late_finish(err: BaseException) -> None:
+        # The second producer's commit failed and it was discarded: now the abandoned first
+        # attempt's init_transactions returns, before the retry.
+        fake.release_first.set()
+        for worker in threading.enumerate():
+            if worker.name == "stream-dp-txn":
+                worker.join(10)
+                assert not worker.is_alive()
+
+    pub.publish([("releases", b"m", b"v1")], on_retry=late_finish)
+    live = [p for p in fake.made if not p.closed]
+    assert len(live) == 1 and live[0].index == 2
+    assert live[0].committed == [[("releases", b"m", b"v1")]]
+    pub.publish([("releases", b"m", b"v2")])
+    assert live[0].committed[-1] == [("releases", b"m", b"v2")]
+    pub.close()
