@@ -586,3 +586,27 @@ def test_the_rings_numpy_mean_is_window_mean_bit_for_bit() -> None:
             ring.push(rng.normal(size=d) * 10 ** rng.uniform(-4, 4), step, learned=True)
         expected = window_mean(ring.rows, ring.count, int(ring.state[HEAD]))
         assert np.array_equal(ring.smoothed, expected.reshape(d))
+
+
+def test_the_ring_serves_what_its_state_says_after_pushes_it_was_not_told_of() -> None:
+    """The compiled path pushes with ``ring_push`` on the ring's arrays, behind the object's
+    back: the served latest release and mean follow the state at every call (never a cached,
+    stale one), and a withdrawn ring serves nothing."""
+    from stream_dp.online.release import ReleaseRing, ring_push
+
+    rng = np.random.default_rng(1)
+    for k in (1, 3):
+        ring = ReleaseRing(window=k, shape=(2, 2))
+        assert ring.latest is None and ring.smoothed is None
+        pushed = []
+        for step in range(1, 8):
+            rel = rng.normal(size=4)
+            _ = ring.smoothed  # cache the mean before the push
+            ring_push(ring.rows, ring.state, rel, step, True, 0)
+            pushed.append(rel)
+            assert np.array_equal(ring.latest, rel.reshape(2, 2))
+            mean = np.cumsum(np.array(pushed[-k:]), axis=0)[-1] / min(k, len(pushed))
+            assert np.array_equal(ring.smoothed, mean.reshape(2, 2))
+            assert not ring.latest.flags.writeable and not ring.smoothed.flags.writeable
+        ring.withdraw()
+        assert ring.latest is None and ring.smoothed is None

@@ -218,8 +218,7 @@ class PairwiseLearner(base.Estimator):
             self.n_rejected += 1
             return
         fast = self._fast
-        if fast is not None and fast.available(s.t, 1):
-            fast.run_one(xv, yv)
+        if fast is not None and fast.learn_one(xv, yv):
             released = True
         else:
             released = reference_step(s, xv, yv)
@@ -327,8 +326,11 @@ class PairwiseLearner(base.Estimator):
     def _served_weights(self) -> np.ndarray | None:
         """The model predictions use (a release, or the mean of the window; the iterate only
         for the non-private baseline), shaped, read-only."""
-        flat = self._state.served()
-        return None if flat is None else flat.reshape(self._state.shape)
+        s = self._state
+        if s.ring is not None and s.mechanism.publishes:
+            return s.ring.served(s.smoothed)  # shaped already
+        flat = s.served()
+        return None if flat is None else flat.reshape(s.shape)
 
     def _served_version(self) -> tuple:
         return (self._state.t,) if not self._state.mechanism.publishes else (self.release_step,)

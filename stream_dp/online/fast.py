@@ -242,6 +242,10 @@ class FastPath:
         self._struct = None
         self._sources: tuple = ()
         self._count = 0  # releases among the steps available() granted
+        self._tracker = getattr(self.mech, "tracker", None)
+        self._mf = self.mech.kind == "gradient"
+        # The quick check in _state holds when the tracker never has to grow (a bounded buffer).
+        self._quick = self._tracker is None or buf.capacity is not None
 
     @staticmethod
     def build(s: LearnerState) -> FastPath | None:
@@ -265,22 +269,45 @@ class FastPath:
             return None
         return FastPath(s)
 
-    def _state(self):
+    def _sources_now(self) -> tuple:
+        """The arrays the struct holds that their owners may replace (a growing buffer, a
+        checkpoint load, a new noise block)."""
         s, mech, buf = self.s, self.mech, self.s.buffer
-        tracker = getattr(mech, "tracker", None)
+        tracker = self._tracker
         if tracker is not None:
             tracker.ensure(buf.capacity or len(buf.Y))
         sources = (buf.X, buf.Y, buf.ids, s.w, s.center, s.ring.rows, self.slots)
         if tracker is not None:
             sources += (tracker.state, tracker.slot_bound)
-        mf = mech.kind == "gradient"
-        if mf:
+        if mech.kind == "gradient":
             sources += (mech.block, mech.average)
-        same = len(sources) == len(self._sources) and all(
-            a is b for a, b in zip(sources, self._sources, strict=True)
-        )
-        if self._struct is not None and same:
-            return self._struct
+        return sources
+
+    def _state(self):
+        struct, c = self._struct, self._sources
+        # The common case, checked without building a tuple: nothing was replaced. Any
+        # difference (or a tracker that must grow first) falls through to the full check.
+        if struct is not None and self._quick:
+            s, buf, tracker, mech = self.s, self.s.buffer, self._tracker, self.mech
+            if (
+                buf.X is c[0]
+                and buf.Y is c[1]
+                and buf.ids is c[2]
+                and s.w is c[3]
+                and s.center is c[4]
+                and s.ring.rows is c[5]
+                and self.slots is c[6]
+                and (tracker is None or (tracker.state is c[7] and tracker.slot_bound is c[8]))
+                and (not self._mf or (mech.block is c[-2] and mech.average is c[-1]))
+            ):
+                return struct
+        sources = self._sources_now()
+        same = len(sources) == len(c) and all(a is b for a, b in zip(sources, c, strict=True))
+        if struct is not None and same:
+            return struct
+        s, mech, buf = self.s, self.mech, self.s.buffer
+        tracker = self._tracker
+        mf = mech.kind == "gradient"
         self._sources = sources
         d = s.shape[0]
         paper = getattr(mech, "paper_sensitivity", None)
@@ -348,6 +375,31 @@ class FastPath:
         self._count = count
         return max(m, 0)
 
+    def learn_one(self, x: np.ndarray, y: float) -> bool:
+        """:meth:`available` for one record, then :meth:`run_one`; False (nothing done) when
+        the reference step must take it.
+
+        Output perturbation's common case is decided here without the general rule: after the
+        warm-up, before a horizon, and no release at this step or one the budget certainly
+        pays for (:meth:`OutputPerturbation.certain`). Anything else asks :meth:`available`.
+        """
+        mech, t0 = self.mech, self.s.t
+        if mech.kind != "output" or t0 < mech.warmup:
+            general = True
+        else:
+            t, horizon = t0 + 1, mech.horizon
+            if horizon is not None and t > horizon:
+                general = True
+            else:
+                code = -1 if horizon is None else int(horizon)
+                general = is_release_step(
+                    t, mech.warmup, mech.release_every, code
+                ) and not mech.certain(1)
+        if general and not self.available(t0, 1):
+            return False
+        self.run_one(x, y)
+        return True
+
     def run_one(self, x: np.ndarray, y: float) -> None:
         """:meth:`run` for one record (``available(t, 1)`` just said yes)."""
         s, mech = self.s, self.mech
@@ -412,7 +464,12 @@ class FastPath:
         r = int(self.ctr[RELEASES])
         if r:
             try:
-                mech.commit(self.out_step[:r], self.out_sens[:r], self.out_sigma[:r])
+                if r == 1:  # learn_one's case: scalars, no slices
+                    mech.commit_one(
+                        int(self.out_step[0]), float(self.out_sens[0]), float(self.out_sigma[0])
+                    )
+                else:
+                    mech.commit(self.out_step[:r], self.out_sens[:r], self.out_sigma[:r])
             except BaseException:  # pragma: no cover - certain() said it could not happen
                 s.ring.withdraw()
                 s.exhausted = True

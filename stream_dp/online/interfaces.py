@@ -87,12 +87,13 @@ class AUCInterface(RiverChecks, base.Classifier):
         return float(w.dot(v))  # the method: half the call overhead of @ on short vectors
 
     def predict_proba_one(self, x, **kwargs) -> dict[bool, float]:
-        schema = self._schema
+        inp = self._input  # (the _schema and _radius properties, inlined: a per-record path)
+        schema, radius = inp.schema, inp.radius
         w = None if schema.names is None else self._served_weights()
         if w is None:
             return {False: 0.5, True: 0.5}
-        v = schema.to_clipped(x, self._radius, learning=False)
-        bound = math.sqrt(w.dot(w)) * self._radius
+        v = schema.to_clipped(x, radius, learning=False)
+        bound = math.sqrt(w.dot(w)) * radius
         if bound <= 0.0:
             return {False: 0.5, True: 0.5}
         p = min(max(0.5 * (1.0 + float(w.dot(v)) / bound), 0.0), 1.0)  # see _spread

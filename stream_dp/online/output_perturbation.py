@@ -198,13 +198,16 @@ class OutputPerturbation(Mechanism):
         :meth:`certain`)."""
         charge = self.budget.charge_gaussian
         if len(steps) == 1:
-            t, s, g = int(steps[0]), float(sens[0]), float(sigmas[0])
-            charge(t, s, g)
-            self._charged(s, g)
+            self.commit_one(int(steps[0]), float(sens[0]), float(sigmas[0]))
             return
         for t, s, g in zip(steps.tolist(), sens.tolist(), sigmas.tolist(), strict=True):
             charge(t, s, g)
         self._charged(float(sens[-1]), float(sigmas[-1]), len(steps))
+
+    def commit_one(self, step: int, sens: float, sigma: float) -> None:
+        """:meth:`commit` of one release."""
+        self.budget.charge_gaussian(step, sens, sigma)
+        self._charged(sens, sigma)
 
     # -- reporting and checkpoints ------------------------------------------------------------
     def describe(self) -> str:

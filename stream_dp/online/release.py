@@ -78,7 +78,11 @@ class ReleaseRing:
         #: Eigenpairs of the latest release of a metric model, when its projection kept them.
         self.lam = np.zeros(d)
         self.V = np.zeros((d, d))
-        self._smoothed: tuple[int, np.ndarray] | None = None
+        self._mean: tuple[bytes, np.ndarray] | None = None
+        #: Read-only views of the rows, shaped (``latest`` is one of them).
+        self._views = [row.reshape(self.shape) for row in self.rows]
+        for view in self._views:
+            view.flags.writeable = False
 
     @property
     def step(self) -> int:
@@ -100,29 +104,38 @@ class ReleaseRing:
     @property
     def latest(self) -> np.ndarray | None:
         """The latest release: a read-only view, valid until the next push."""
-        if self.state[COUNT] == 0:
-            return None
-        row = self.rows[(self.state[HEAD] - 1) % self.rows.shape[0]]
-        view = row.reshape(self.shape)
-        view.flags.writeable = False
-        return view
+        return self.served(False)
 
     @property
     def smoothed(self) -> np.ndarray | None:
         """Mean of the releases in the window (cached per release)."""
-        if self.state[COUNT] == 0:
-            return None
-        if self._smoothed is None or self._smoothed[0] != self.step:
-            count, k = int(self.state[COUNT]), self.rows.shape[0]
-            # A cumulative sum adds the rows in order, oldest first (never pairwise): the same
-            # sum as window_mean's loop (which compiled code calls), without a Python loop.
-            rows = self.rows[(int(self.state[HEAD]) - count + np.arange(count)) % k]
-            mean = np.cumsum(rows, axis=0)[-1] / count
-            self._smoothed = (self.step, mean.reshape(self.shape))
-        return self._smoothed[1]
+        return self.served(True)
 
     def served(self, smoothed: bool) -> np.ndarray | None:
-        return self.smoothed if smoothed else self.latest
+        """The latest release or the window's mean, shaped and read-only (None before any).
+
+        The compiled fast path pushes without telling this object, so both are read from the
+        ring's state at every call: the latest is one of the row views made at construction,
+        the mean is cached under the state's bytes (every push and a withdrawal change them).
+        """
+        state = self.state
+        count = int(state[COUNT])
+        if count == 0:
+            return None
+        if not smoothed:
+            return self._views[int(state[HEAD]) - 1]
+        key = state.tobytes()
+        cached = self._mean
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        k = self.rows.shape[0]
+        # A cumulative sum adds the rows in order, oldest first (never pairwise): the same
+        # sum as window_mean's loop (which compiled code calls), without a Python loop.
+        rows = self.rows[(int(state[HEAD]) - count + np.arange(count)) % k]
+        mean = (np.cumsum(rows, axis=0)[-1] / count).reshape(self.shape)
+        mean.flags.writeable = False
+        self._mean = (key, mean)
+        return mean
 
     @property
     def factors(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -139,7 +152,7 @@ class ReleaseRing:
         self.state[COUNT] = 0
         self.state[HAS_FACTORS] = 0
         self.rows[:] = 0.0
-        self._smoothed = None
+        self._mean = None
 
     def state_dict(self) -> dict:
         return {
@@ -159,4 +172,4 @@ class ReleaseRing:
         self.state[COUNT], self.state[HEAD] = count, count % k
         self.state[LEARNED] = int(bool(state["learned"]))
         self.state[STEP] = int(state["step"])
-        self._smoothed = None
+        self._mean = None
