@@ -119,11 +119,11 @@ class ReleaseRing:
         the mean is cached under the state's bytes (every push and a withdrawal change them).
         """
         state = self.state
-        count = int(state[COUNT])
+        count = state.item(COUNT)
         if count == 0:
             return None
         if not smoothed:
-            return self._views[int(state[HEAD]) - 1]
+            return self._views[state.item(HEAD) - 1]
         key = state.tobytes()
         cached = self._mean
         if cached is not None and cached[0] == key:
