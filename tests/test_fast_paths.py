@@ -602,11 +602,16 @@ def test_the_ring_serves_what_its_state_says_after_pushes_it_was_not_told_of() -
         for step in range(1, 8):
             rel = rng.normal(size=4)
             _ = ring.smoothed  # cache the mean before the push
-            ring_push(ring.rows, ring.state, rel, step, True, 0)
+            ring_push(ring.rows, ring.norms, ring.state, rel, step, True, 0)
             pushed.append(rel)
             assert np.array_equal(ring.latest, rel.reshape(2, 2))
             mean = np.cumsum(np.array(pushed[-k:]), axis=0)[-1] / min(k, len(pushed))
             assert np.array_equal(ring.smoothed, mean.reshape(2, 2))
+            for smoothed, model in ((False, rel), (True, mean)):
+                served, norm = ring.served_and_norm(smoothed)
+                assert np.array_equal(served, model.reshape(2, 2))
+                assert norm == pytest.approx(np.linalg.norm(model), rel=1e-15)
             assert not ring.latest.flags.writeable and not ring.smoothed.flags.writeable
         ring.withdraw()
         assert ring.latest is None and ring.smoothed is None
+        assert ring.served_and_norm(False) == (None, 0.0)

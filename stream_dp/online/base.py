@@ -332,6 +332,14 @@ class PairwiseLearner(base.Estimator):
         flat = s.served()
         return None if flat is None else flat.reshape(s.shape)
 
+    def _served_and_norm(self) -> tuple[np.ndarray | None, float]:
+        """:meth:`_served_weights` and its Euclidean norm (kept with each release)."""
+        s = self._state
+        if s.ring is not None and s.mechanism.publishes:
+            return s.ring.served_and_norm(s.smoothed)
+        w = self._served_weights()
+        return w, 0.0 if w is None else math.sqrt(np.vdot(w, w))
+
     def _served_version(self) -> tuple:
         return (self._state.t,) if not self._state.mechanism.publishes else (self.release_step,)
 

@@ -34,6 +34,10 @@ from stream_dp.sensitivity import cert_admit, cert_step
 
 __all__ = ["CHUNK_ROWS", "FastPath"]
 
+# The entry points of _RUN_ONE's overloads, by signature; a learner keeps the index of its own
+# (an int: object walkers such as river's memory_usage must not meet numba's internals).
+_ENTRY_POINTS: list = []
+_ENTRY_INDEX: dict = {}
 _F64 = np.dtype(np.float64)
 _STRIDES = (8,)  # of a contiguous 1-D float64 vector
 
@@ -52,7 +56,7 @@ FIELDS = (
     # the certified sensitivity (OutputPerturbation's tracker)
     "certify", "shared", "distinct", "tst", "tsb", "consts", "paper", "paper_G", "paper_alpha",
     # the release schedule and the release ring
-    "publishes", "T1", "every", "horizon", "win", "rs", "lam", "V", "smoothed",
+    "publishes", "T1", "every", "horizon", "win", "wn", "rs", "lam", "V", "smoothed",
     # output perturbation: the noise rows of the current block, the budget of each release
     "Z", "rhos",
     # correlated gradient noise: fixed divisor, step size, σ·(MZ) rows from step ctr[GFIRST],
@@ -141,9 +145,9 @@ def _step(S, j, x, y):  # pragma: no cover - compiled
     if S.mf:
         if S.kappa >= 0.0:
             average_update(S.avg, w, t, S.kappa)
-            ring_push(S.win, rs, S.avg, t, True, 0)
+            ring_push(S.win, S.wn, rs, S.avg, t, True, 0)
         else:
-            ring_push(S.win, rs, w, t, True, 0)
+            ring_push(S.win, S.wn, rs, w, t, True, 0)
     elif S.publishes and is_release_step(t, S.T1, S.every, S.horizon):
         r = S.ctr[RELEASES]
         sens = bound
@@ -157,7 +161,7 @@ def _step(S, j, x, y):  # pragma: no cover - compiled
             kept = 0
         else:
             kept = project_psd_frobenius(rel, S.d, S.radius, S.lam, S.V)
-        ring_push(S.win, rs, rel, t, True, kept)
+        ring_push(S.win, S.wn, rs, rel, t, True, kept)
         S.out_step[r] = t
         S.out_sens[r] = sens
         S.out_sigma[r] = sigma
@@ -245,7 +249,7 @@ class FastPath:
         self._struct = None
         self._sources: tuple = ()
         self._count = 0  # releases among the steps available() granted
-        self._entry, self._entry_for = None, None  # see _call_one
+        self._entry, self._entry_for = -1, None  # see _call_one
         self._tracker = getattr(self.mech, "tracker", None)
         self._mf = self.mech.kind == "gradient"
         # The quick check in _state holds when the tracker never has to grow (a bounded buffer).
@@ -332,7 +336,7 @@ class FastPath:
             publishes=bool(mech.publishes), T1=int(mech.warmup),
             every=int(getattr(mech, "release_every", 1)),
             horizon=int(getattr(mech, "horizon_code", -1)),
-            win=s.ring.rows, rs=s.ring.state, lam=s.ring.lam, V=s.ring.V,
+            win=s.ring.rows, wn=s.ring.norms, rs=s.ring.state, lam=s.ring.lam, V=s.ring.V,
             smoothed=bool(s.smoothed), Z=self.Z, rhos=self.rhos,
             mf=mf, divisor=float(s.divisor or 1), eta=float(s.eta or 0.0),
             GN=mech.block if mf else np.zeros((0, 1)),
@@ -413,14 +417,11 @@ class FastPath:
         S = self._state()
         self.ctr[T0] = t0
         if mech.kind == "output":
-            self._noise_block(t0)
+            if self.ctr.item(ZBLOCK) != (t0 + 1) // self.per_block:
+                self._noise_block(t0)
             self.rhos[0] = mech.rho(mech.n_charged + 1)
         elif mech.kind == "gradient":
             self.ctr[GFIRST] = mech.block_first
-        self._call_one(S, x, y)
-        self._finish(t0, 1)
-
-    def _call_one(self, S, x: np.ndarray, y: float) -> None:
         if (
             S is self._entry_for
             and type(y) is float
@@ -428,18 +429,28 @@ class FastPath:
             and x.strides == _STRIDES
             and x.ndim == 1
         ):
-            self._entry(S, x, y)
-            return
+            _ENTRY_POINTS[self._entry](S, x, y)  # see _call_one
+        else:
+            self._call_one(S, x, y)
+        self._finish(t0, 1)
+
+    def _call_one(self, S, x: np.ndarray, y: float) -> None:
+        """The compiled step through numba's dispatcher; remembers the overload it chose.
+
+        Further calls with this struct skip the dispatcher's typing of the arguments (half a
+        microsecond of a ~10 µs record): :meth:`run_one` calls the entry point of this overload
+        while the arguments have the same types — this very struct, a float64 contiguous
+        vector and a float, checked at every call.
+        """
         _RUN_ONE(S, x, y)
-        # Further calls with this struct skip the dispatcher's typing of the arguments (half a
-        # microsecond of a ~10 µs record): they call the entry point of the overload it just
-        # chose, for the same argument types — this struct, a float64 contiguous vector and a
-        # float, checked above at every call.
         if type(y) is float and x.dtype is _F64 and x.strides == _STRIDES and x.ndim == 1:
             sig = tuple(_RUN_ONE.typeof_pyval(a) for a in (S, x, y))
             compiled = _RUN_ONE.overloads.get(sig)
             if compiled is not None:
-                self._entry, self._entry_for = compiled.entry_point, S
+                if sig not in _ENTRY_INDEX:
+                    _ENTRY_INDEX[sig] = len(_ENTRY_POINTS)
+                    _ENTRY_POINTS.append(compiled.entry_point)
+                self._entry, self._entry_for = _ENTRY_INDEX[sig], S
 
     def run(self, X: np.ndarray, Y: np.ndarray, m: int) -> None:
         """Learn the first m validated, clipped rows (m from :meth:`available`, just called)."""

@@ -89,11 +89,13 @@ class AUCInterface(RiverChecks, base.Classifier):
     def predict_proba_one(self, x, **kwargs) -> dict[bool, float]:
         inp = self._input  # (the _schema and _radius properties, inlined: a per-record path)
         schema, radius = inp.schema, inp.radius
-        w = None if schema.names is None else self._served_weights()
+        if schema.names is None:
+            return {False: 0.5, True: 0.5}
+        w, norm = self._served_and_norm()
         if w is None:
             return {False: 0.5, True: 0.5}
         v = schema.to_clipped(x, radius, learning=False)
-        bound = math.sqrt(w.dot(w)) * radius
+        bound = norm * radius
         if bound <= 0.0:
             return {False: 0.5, True: 0.5}
         p = min(max(0.5 * (1.0 + float(w.dot(v)) / bound), 0.0), 1.0)  # see _spread

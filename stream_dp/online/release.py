@@ -13,6 +13,8 @@ the compiled fast path pushes releases with the same :func:`ring_push` the refer
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from stream_dp._jit import jitable
@@ -25,8 +27,9 @@ STATE_SIZE = 5
 
 
 @jitable
-def ring_push(win, state, rel, step, learned, has_factors):
-    """Push release ``rel`` of ``step`` into the ring ``win`` (state updated in place).
+def ring_push(win, norms, state, rel, step, learned, has_factors):
+    """Push release ``rel`` of ``step`` into the ring ``win`` (state updated in place) and its
+    Euclidean norm into ``norms`` (predictions scale scores by it).
 
     A learned release after warm-up releases first empties the window (the mean is of learned
     releases only).
@@ -36,6 +39,7 @@ def ring_push(win, state, rel, step, learned, has_factors):
         state[LEARNED] = 1
     k = win.shape[0]
     win[state[HEAD]] = rel
+    norms[state[HEAD]] = np.sqrt(np.sum(rel * rel))
     state[HEAD] = (state[HEAD] + 1) % k
     state[COUNT] = min(state[COUNT] + 1, k)
     state[HAS_FACTORS] = has_factors
@@ -73,12 +77,14 @@ class ReleaseRing:
         self.shape = tuple(shape)
         size = int(np.prod(shape))
         self.rows = np.zeros((int(window), size))
+        #: The norm of each row (of the latest release: what predictions scale scores by).
+        self.norms = np.zeros(int(window))
         self.state = np.zeros(STATE_SIZE, dtype=np.int64)
         d = shape[0]
         #: Eigenpairs of the latest release of a metric model, when its projection kept them.
         self.lam = np.zeros(d)
         self.V = np.zeros((d, d))
-        self._mean: tuple[bytes, np.ndarray] | None = None
+        self._mean: tuple | None = None  # (state bytes, mean[, its norm])
         #: Read-only views of the rows, shaped (``latest`` is one of them).
         self._views = [row.reshape(self.shape) for row in self.rows]
         for view in self._views:
@@ -99,7 +105,9 @@ class ReleaseRing:
         return bool(self.state[LEARNED])
 
     def push(self, rel: np.ndarray, step: int, learned: bool, has_factors: bool = False) -> None:
-        ring_push(self.rows, self.state, rel.reshape(-1), step, learned, int(has_factors))
+        ring_push(
+            self.rows, self.norms, self.state, rel.reshape(-1), step, learned, int(has_factors)
+        )
 
     @property
     def latest(self) -> np.ndarray | None:
@@ -137,6 +145,18 @@ class ReleaseRing:
         self._mean = (key, mean)
         return mean
 
+    def served_and_norm(self, smoothed: bool) -> tuple[np.ndarray | None, float]:
+        """:meth:`served` and its Euclidean norm (0.0 before any release)."""
+        model = self.served(smoothed)
+        if model is None:
+            return None, 0.0
+        if not smoothed:
+            return model, self.norms.item(self.state.item(HEAD) - 1)
+        cached = self._mean
+        if len(cached) == 2:  # the norm of this mean, once
+            self._mean = cached = (*cached, math.sqrt(np.vdot(model, model)))
+        return model, cached[2]
+
     @property
     def factors(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Eigenpairs of the latest release, when its projection kept them (metric task)."""
@@ -152,6 +172,7 @@ class ReleaseRing:
         self.state[COUNT] = 0
         self.state[HAS_FACTORS] = 0
         self.rows[:] = 0.0
+        self.norms[:] = 0.0
         self._mean = None
 
     def state_dict(self) -> dict:
@@ -167,6 +188,7 @@ class ReleaseRing:
         self.rows[:] = 0.0
         for i, a in enumerate(window[-k:]):
             self.rows[i] = a
+        self.norms[:] = [np.sqrt(np.sum(row * row)) for row in self.rows]
         count = min(len(window), k)
         self.state[:] = 0
         self.state[COUNT], self.state[HEAD] = count, count % k
