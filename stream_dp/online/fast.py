@@ -14,6 +14,10 @@ anything. Held to the reference step by ``tests/test_fast_paths.py``.
 The learner's arrays reach the compiled code as one numba ``StructRef`` (:class:`FastState`):
 numba unboxes one struct in a fraction of the time it takes to type-check thirty arguments, and
 a ``StructRef``, unlike a ``jitclass``, keeps numba's on-disk cache usable.
+
+The struct's layout, the compiled step and the driver that decides when it may run and charges
+what it released are one concept (each half is wrong without the other), hence one module
+(about 520 lines).
 """
 
 from __future__ import annotations
