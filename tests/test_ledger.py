@@ -278,6 +278,10 @@ def test_a_journaled_ledger_keeps_one_chunk_in_memory_and_reads_the_rest(tmp_pat
         restored.compose_gaussian(t, 0.01, 2.0)
         more.compose_gaussian(t, 0.01, 2.0)
     assert restored.ledger == more.ledger and restored.rho_spent() == more.rho_spent()
+    # The row count per-record code reads is the ledger's length however rows arrived: one by
+    # one, from columns, from the journal.
+    for a in (acc, restored, more, accountant_from_dict(more.to_dict())):
+        assert a.storage.n_rows == len(a.ledger) == len(list(a.storage.rows()))
     restored.storage.close()
 
 

@@ -388,15 +388,18 @@ class FastPath:
         return max(m, 0)
 
     def learn_one(self, x: np.ndarray, y: float) -> bool:
-        """:meth:`available` for one record, then :meth:`run_one`; False (nothing done) when
-        the reference step must take it.
+        """Learn one validated, clipped record if the fast path may (as :meth:`available` for
+        one record, then :meth:`run` of it); False (nothing done) when the reference step must
+        take it.
 
         Output perturbation's common case is decided here without the general rule: after the
         warm-up, before a horizon, and no release at this step or one the budget certainly
         pays for (:meth:`OutputPerturbation.certain`). Anything else asks :meth:`available`.
         """
-        mech, t0 = self.mech, self.s.t
-        if mech.kind != "output" or t0 < mech.warmup:
+        s, mech = self.s, self.mech
+        t0 = s.t
+        output = mech.kind == "output"
+        if not output or t0 < mech.warmup:
             general = True
         else:
             t, horizon = t0 + 1, mech.horizon
@@ -409,18 +412,11 @@ class FastPath:
                 ) and not mech.certain(1)
         if general and not self.available(t0, 1):
             return False
-        self.run_one(x, y)
-        return True
-
-    def run_one(self, x: np.ndarray, y: float) -> None:
-        """:meth:`run` for one record (``available(t, 1)`` just said yes)."""
-        s, mech = self.s, self.mech
-        t0 = s.t
         if self.kind != _FIFO:
             self._plan(t0, 1)
         S = self._state()
         self.ctr[T0] = t0
-        if mech.kind == "output":
+        if output:
             if self.ctr.item(ZBLOCK) != (t0 + 1) // self.per_block:
                 self._noise_block(t0)
             self.rhos[0] = mech.rho(mech.n_charged + 1)
@@ -437,12 +433,13 @@ class FastPath:
         else:
             self._call_one(S, x, y)
         self._finish(t0, 1)
+        return True
 
     def _call_one(self, S, x: np.ndarray, y: float) -> None:
         """The compiled step through numba's dispatcher; remembers the overload it chose.
 
         Further calls with this struct skip the dispatcher's typing of the arguments (half a
-        microsecond of a ~10 µs record): :meth:`run_one` calls the entry point of this overload
+        microsecond of a ~10 µs record): :meth:`learn_one` calls the entry point of this overload
         while the arguments have the same types — this very struct, a float64 contiguous
         vector and a float, checked at every call.
         """

@@ -139,7 +139,7 @@ class OutputPerturbation(Mechanism):
     def _charged(self, sens: float, sigma: float, count: int = 1) -> None:
         self.n_charged += count
         self._certain -= count
-        self._ledger_len = len(self.budget.accountant)
+        self._ledger_len = self.budget.accountant.storage.n_rows
         self.last_sigma, self.last_sensitivity = sigma, sens
 
     def _refuse(self, t: int, why: str) -> None:
@@ -155,9 +155,9 @@ class OutputPerturbation(Mechanism):
         sensitivity: a release at share ρ_k costs ρ_k (up to rounding) and shares never
         increase, so ``⌊remaining / (2ρ_k)⌋`` next charges surely fit. The count is kept and
         recomputed when it runs out or when someone else charged the same budget."""
-        if len(self.budget.accountant) != self._ledger_len:
+        if self.budget.accountant.storage.n_rows != self._ledger_len:
             self._certain = 0
-            self._ledger_len = len(self.budget.accountant)
+            self._ledger_len = self.budget.accountant.storage.n_rows
         if self._certain < releases:
             rho = self.rho(self.n_charged + 1)
             self._certain = self.budget.certain_charges(rho)

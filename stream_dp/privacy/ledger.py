@@ -101,6 +101,8 @@ class Ledger:
         self._firsts: list[int] = []  # first and last step of each sealed chunk
         self._lasts: list[int] = []
         self._n_sealed = 0
+        #: The number of rows (``len(self)``), kept as a plain attribute for per-record readers.
+        self.n_rows = 0
         self.last_step: float | int = NO_CHARGE  # steps never decrease
         self._open()
 
@@ -136,6 +138,7 @@ class Ledger:
         scale = event.sigma if isinstance(event, GaussianEvent) else event.scale
         self._scale.append(float(scale))
         self.last_step = step
+        self.n_rows += 1
         if len(self._steps) == CHUNK:
             self._seal()
 
@@ -146,12 +149,18 @@ class Ledger:
         self._sens.append(sensitivity)
         self._scale.append(sigma)
         self.last_step = step
+        self.n_rows += 1
         if len(self._steps) == CHUNK:
             self._seal()
 
     # -- reading --------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self._n_sealed + len(self._steps)
+        return self.n_rows
+
+    def __setstate__(self, state: dict) -> None:
+        if "n_rows" not in state:  # pickled before n_rows existed
+            state["n_rows"] = state["_n_sealed"] + len(state["_steps"])
+        self.__dict__.update(state)
 
     def _open_rows(self) -> Iterator[Row]:
         sparse = {i: (self._sp_eps[k], self._sp_delta[k]) for k, i in enumerate(self._sp_idx)}
@@ -289,6 +298,7 @@ class Ledger:
             i = j
             if len(self._steps) == CHUNK:
                 self._seal()
+        self.n_rows += n
         self.last_step = int(steps[-1])
         return {"mechanism": mech, "sensitivity": sens, "scale": scale, "epsilon": eps,
                 "delta": delta}  # fmt: skip
@@ -330,6 +340,7 @@ class Ledger:
             self._firsts.append(chunk.first)
             self._lasts.append(chunk.last)
             self._n_sealed += chunk.n
+            self.n_rows += chunk.n
             self.last_step = chunk.last
 
     def close(self) -> None:
