@@ -147,11 +147,15 @@ class ReleaseRing:
 
     def served_and_norm(self, smoothed: bool) -> tuple[np.ndarray | None, float]:
         """:meth:`served` and its Euclidean norm (0.0 before any release)."""
-        model = self.served(smoothed)
+        if not smoothed:  # (served's first lines, inlined: once per prediction)
+            state = self.state
+            if state.item(COUNT) == 0:
+                return None, 0.0
+            head = state.item(HEAD) - 1
+            return self._views[head], self.norms.item(head)
+        model = self.served(True)
         if model is None:
             return None, 0.0
-        if not smoothed:
-            return model, self.norms.item(self.state.item(HEAD) - 1)
         cached = self._mean
         if len(cached) == 2:  # the norm of this mean, once
             self._mean = cached = (*cached, math.sqrt(np.vdot(model, model)))
