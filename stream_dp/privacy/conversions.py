@@ -16,6 +16,7 @@ any conversion can do.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -103,6 +104,7 @@ def _tight_objective_a(a: float, rho: float, log_delta: float) -> float:
     return rho * a + math.log1p(-1.0 / a) - (log_delta + math.log(a)) / (a - 1.0)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function, ~1 ms of root finding, asked per learner
 def rho_from_epsilon(epsilon: float, delta: float, conversion: Conversion = "tight") -> float:
     """The largest ρ whose ρ-zCDP guarantee implies (ε, δ)-DP.
 
