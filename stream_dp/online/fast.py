@@ -444,9 +444,16 @@ class FastPath:
         vector and a float, checked at every call.
         """
         _RUN_ONE(S, x, y)
-        if type(y) is float and x.dtype is _F64 and x.strides == _STRIDES and x.ndim == 1:
+        overloads = getattr(_RUN_ONE, "overloads", None)  # None: not a numba dispatcher
+        if (
+            overloads is not None
+            and type(y) is float
+            and x.dtype is _F64
+            and x.strides == _STRIDES
+            and x.ndim == 1
+        ):
             sig = tuple(_RUN_ONE.typeof_pyval(a) for a in (S, x, y))
-            compiled = _RUN_ONE.overloads.get(sig)
+            compiled = overloads.get(sig)
             if compiled is not None:
                 if sig not in _ENTRY_INDEX:
                     _ENTRY_INDEX[sig] = len(_ENTRY_POINTS)
