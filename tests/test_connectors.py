@@ -766,17 +766,20 @@ def test_an_abandoned_attempt_that_finishes_late_does_not_break_the_next(monkeyp
         "127.0.0.1:1", "stream-dp.test", attempt_timeout_s=0.3, retry_backoff_max_s=0.01
     )
     monkeypatch.setattr(kafka, "KafkaProducer", fake)
+    # Attempts of other tests may still be waiting in their workers (daemon threads against a
+    # stopped broker): only this test's workers are waited for below.
+    before = set(threading.enumerate())
     pub.start()  # the first producer hangs and is abandoned; the second one starts
     assert len(fake.made) == 2 and fake.made[0].closed
+    ours = [t for t in threading.enumerate() if t.name == "stream-dp-txn" and t not in before]
 
     def late_finish(err: BaseException) -> None:
         # The second producer's commit failed and it was discarded: now the abandoned first
         # attempt's init_transactions returns, before the retry.
         fake.release_first.set()
-        for worker in threading.enumerate():
-            if worker.name == "stream-dp-txn":
-                worker.join(10)
-                assert not worker.is_alive()
+        for worker in ours:
+            worker.join(10)
+            assert not worker.is_alive()
 
     pub.publish([("releases", b"m", b"v1")], on_retry=late_finish)
     live = [p for p in fake.made if not p.closed]
