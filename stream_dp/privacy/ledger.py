@@ -100,7 +100,6 @@ class Ledger:
         self._store: _Chunks | Journal = _Chunks()  # sealed chunks, oldest first
         self._firsts: list[int] = []  # first and last step of each sealed chunk
         self._lasts: list[int] = []
-        self._n_sealed = 0
         #: The number of rows (``len(self)``), kept as a plain attribute for per-record readers.
         self.n_rows = 0
         self.last_step: float | int = NO_CHARGE  # steps never decrease
@@ -122,7 +121,6 @@ class Ledger:
         self._store.append(chunk)  # the journal writes it before the open chunk is dropped
         self._firsts.append(chunk.first)
         self._lasts.append(chunk.last)
-        self._n_sealed += chunk.n
         self._open()
 
     def append(self, event: Event) -> None:
@@ -158,8 +156,8 @@ class Ledger:
         return self.n_rows
 
     def __setstate__(self, state: dict) -> None:
-        if "n_rows" not in state:  # pickled before n_rows existed
-            state["n_rows"] = state["_n_sealed"] + len(state["_steps"])
+        if "n_rows" not in state:  # pickled before n_rows replaced the sealed-row count
+            state["n_rows"] = state.pop("_n_sealed") + len(state["_steps"])
         self.__dict__.update(state)
 
     def _open_rows(self) -> Iterator[Row]:
@@ -339,7 +337,6 @@ class Ledger:
             yield chunk
             self._firsts.append(chunk.first)
             self._lasts.append(chunk.last)
-            self._n_sealed += chunk.n
             self.n_rows += chunk.n
             self.last_step = chunk.last
 
