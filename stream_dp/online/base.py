@@ -24,6 +24,7 @@ from stream_dp.online.fast import CHUNK_ROWS, FastPath
 from stream_dp.online.inputs import RecordInput
 from stream_dp.online.mechanism import Mechanism
 from stream_dp.online.reference import reference_step
+from stream_dp.online.release import release_norm
 from stream_dp.online.state import LearnerState
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.privacy.secrets import check_seed
@@ -338,7 +339,7 @@ class PairwiseLearner(base.Estimator):
         if s.ring is not None and s.mechanism.publishes:
             return s.ring.served_and_norm(s.smoothed)
         w = self._served_weights()
-        return w, 0.0 if w is None else math.sqrt(np.vdot(w, w))
+        return w, 0.0 if w is None else float(release_norm(w))
 
     def _served_version(self) -> tuple:
         return (self._state.t,) if not self._state.mechanism.publishes else (self.release_step,)

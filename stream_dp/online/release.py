@@ -13,17 +13,21 @@ the compiled fast path pushes releases with the same :func:`ring_push` the refer
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from stream_dp._jit import jitable
 
-__all__ = ["ReleaseRing", "ring_push", "window_mean"]
+__all__ = ["ReleaseRing", "release_norm", "ring_push", "window_mean"]
 
 #: Layout of :attr:`ReleaseRing.state`.
 COUNT, HEAD, LEARNED, HAS_FACTORS, STEP = 0, 1, 2, 3, 4
 STATE_SIZE = 5
+
+
+@jitable
+def release_norm(rel):
+    """‖rel‖₂ of a flat model: the bound ``predict_proba_one`` scales its scores by."""
+    return np.sqrt(np.sum(rel * rel))
 
 
 @jitable
@@ -39,7 +43,7 @@ def ring_push(win, norms, state, rel, step, learned, has_factors):
         state[LEARNED] = 1
     k = win.shape[0]
     win[state[HEAD]] = rel
-    norms[state[HEAD]] = np.sqrt(np.sum(rel * rel))
+    norms[state[HEAD]] = release_norm(rel)
     state[HEAD] = (state[HEAD] + 1) % k
     state[COUNT] = min(state[COUNT] + 1, k)
     state[HAS_FACTORS] = has_factors
@@ -58,6 +62,11 @@ def window_mean(win, count, head):
     for i in range(1, count):
         out += win[(start + i) % k]
     return out / count
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 class ReleaseRing:
@@ -84,11 +93,9 @@ class ReleaseRing:
         #: Eigenpairs of the latest release of a metric model, when its projection kept them.
         self.lam = np.zeros(d)
         self.V = np.zeros((d, d))
-        self._mean: tuple | None = None  # (state bytes, mean[, its norm])
+        self._mean: tuple | None = None  # (state bytes, mean, its norm)
         #: Read-only views of the rows, shaped (``latest`` is one of them).
-        self._views = [row.reshape(self.shape) for row in self.rows]
-        for view in self._views:
-            view.flags.writeable = False
+        self._views = [_readonly(row.reshape(self.shape)) for row in self.rows]
 
     @property
     def step(self) -> int:
@@ -120,46 +127,35 @@ class ReleaseRing:
         return self.served(True)
 
     def served(self, smoothed: bool) -> np.ndarray | None:
-        """The latest release or the window's mean, shaped and read-only (None before any).
+        """The latest release or the window's mean, shaped and read-only (None before any)."""
+        return self.served_and_norm(smoothed)[0]
+
+    def served_and_norm(self, smoothed: bool) -> tuple[np.ndarray | None, float]:
+        """:meth:`served` and its Euclidean norm (None and 0.0 before any release).
 
         The compiled fast path pushes without telling this object, so both are read from the
         ring's state at every call: the latest is one of the row views made at construction,
-        the mean is cached under the state's bytes (every push and a withdrawal change them).
+        with the norm its push stored; the mean and its norm are cached under the state's bytes
+        (every push and a withdrawal change them).
         """
         state = self.state
         count = state.item(COUNT)
         if count == 0:
-            return None
+            return None, 0.0
         if not smoothed:
-            return self._views[state.item(HEAD) - 1]
-        key = state.tobytes()
-        cached = self._mean
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        k = self.rows.shape[0]
-        # A cumulative sum adds the rows in order, oldest first (never pairwise): the same
-        # sum as window_mean's loop (which compiled code calls), without a Python loop.
-        rows = self.rows[(int(state[HEAD]) - count + np.arange(count)) % k]
-        mean = (np.cumsum(rows, axis=0)[-1] / count).reshape(self.shape)
-        mean.flags.writeable = False
-        self._mean = (key, mean)
-        return mean
-
-    def served_and_norm(self, smoothed: bool) -> tuple[np.ndarray | None, float]:
-        """:meth:`served` and its Euclidean norm (0.0 before any release)."""
-        if not smoothed:  # (served's first lines, inlined: once per prediction)
-            state = self.state
-            if state.item(COUNT) == 0:
-                return None, 0.0
             head = state.item(HEAD) - 1
             return self._views[head], self.norms.item(head)
-        model = self.served(True)
-        if model is None:
-            return None, 0.0
+        key = state.tobytes()
         cached = self._mean
-        if len(cached) == 2:  # the norm of this mean, once
-            self._mean = cached = (*cached, math.sqrt(np.vdot(model, model)))
-        return model, cached[2]
+        if cached is None or cached[0] != key:
+            k = self.rows.shape[0]
+            # A cumulative sum adds the rows in order, oldest first (never pairwise): the same
+            # sum as window_mean's loop (which compiled code calls), without a Python loop.
+            rows = self.rows[(state.item(HEAD) - count + np.arange(count)) % k]
+            mean = np.cumsum(rows, axis=0)[-1] / count
+            norm = float(release_norm(mean))
+            cached = self._mean = (key, _readonly(mean.reshape(self.shape)), norm)
+        return cached[1], cached[2]
 
     @property
     def factors(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -192,7 +188,7 @@ class ReleaseRing:
         self.rows[:] = 0.0
         for i, a in enumerate(window[-k:]):
             self.rows[i] = a
-        self.norms[:] = [np.sqrt(np.sum(row * row)) for row in self.rows]
+        self.norms[:] = [release_norm(row) for row in self.rows]
         count = min(len(window), k)
         self.state[:] = 0
         self.state[COUNT], self.state[HEAD] = count, count % k
