@@ -615,3 +615,37 @@ def test_the_ring_serves_what_its_state_says_after_pushes_it_was_not_told_of() -
         ring.withdraw()
         assert ring.latest is None and ring.smoothed is None
         assert ring.served_and_norm(False) == (None, 0.0)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: OnPairStrC(task="auc", epsilon=1.0, features=D, buffer=16, seed=1,
+                           reproducible=True, warmup=3),
+        lambda: OnPairMF(task="auc", epsilon=1.0, features=D, buffer=16, seed=1,
+                         reproducible=True),
+        lambda: PairwiseGIGA(task="auc", features=D, buffer=16),
+    ],
+    ids=["output", "correlated", "none"],
+)  # fmt: skip
+def test_the_struct_is_rebuilt_when_any_source_is_replaced(make) -> None:
+    """``FastPath._state``'s quick identity chain must cover every array of ``_sources_now``:
+    for each one, a struct held for another array is rebuilt (never served stale)."""
+    if not _jit.NUMBA_INSTALLED:
+        pytest.skip("numba is not installed")
+    X, y = _stream(0, "auc", n=40)
+    m = make()
+    with _jit.use_numba(True):
+        for row, label in zip(X, _labels(y), strict=True):
+            m.learn_one(_dict(row), label)
+    fast = m._fast
+    assert fast is not None and fast._quick
+    struct = fast._state()
+    held = fast._sources
+    assert fast._state() is struct  # nothing replaced: the quick chain accepts it
+    for i in range(len(held)):
+        fast._sources = held[:i] + (np.zeros(1),) + held[i + 1 :]  # as if its owner replaced it
+        rebuilt = fast._state()
+        assert rebuilt is not struct, f"source {i} of _sources_now is not checked"
+        assert all(a is b for a, b in zip(fast._sources, held, strict=True))
+        struct = rebuilt

@@ -22,6 +22,8 @@ what it released are one concept (each half is wrong without the other), hence o
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from stream_dp._jit import NUMBA_INSTALLED, njit, numba, numba_active
@@ -284,21 +286,19 @@ class FastPath:
     def _sources_now(self) -> tuple:
         """The arrays the struct holds that their owners may replace (a growing buffer, a
         checkpoint load, a new noise block)."""
-        s, mech, buf = self.s, self.mech, self.s.buffer
-        tracker = self._tracker
-        if tracker is not None:
-            tracker.ensure(buf.capacity or len(buf.Y))
+        s, mech, buf, tracker = self.s, self.mech, self.s.buffer, self._tracker
         sources = (buf.X, buf.Y, buf.ids, s.w, s.center, s.ring.rows, self.slots)
         if tracker is not None:
             sources += (tracker.state, tracker.slot_bound)
-        if mech.kind == "gradient":
+        if self._mf:
             sources += (mech.block, mech.average)
         return sources
 
     def _state(self):
         struct, c = self._struct, self._sources
-        # The common case, checked without building a tuple: nothing was replaced. Any
-        # difference (or a tracker that must grow first) falls through to the full check.
+        # The common case, checked without building a tuple: nothing was replaced. The chain
+        # is :meth:`_sources_now` term by term (``test_the_struct_is_rebuilt_when_any_source_
+        # is_replaced`` holds the two together); a bounded buffer's tracker never has to grow.
         if struct is not None and self._quick:
             s, buf, tracker, mech = self.s, self.s.buffer, self._tracker, self.mech
             if (
@@ -313,13 +313,13 @@ class FastPath:
                 and (not self._mf or (mech.block is c[-2] and mech.average is c[-1]))
             ):
                 return struct
+        s, mech, buf, tracker, mf = self.s, self.mech, self.s.buffer, self._tracker, self._mf
+        if tracker is not None:
+            tracker.ensure(buf.capacity or len(buf.Y))
         sources = self._sources_now()
-        same = len(sources) == len(c) and all(a is b for a, b in zip(sources, c, strict=True))
+        same = len(sources) == len(c) and all(map(operator.is_, sources, c))
         if struct is not None and same:
             return struct
-        s, mech, buf = self.s, self.mech, self.s.buffer
-        tracker = self._tracker
-        mf = mech.kind == "gradient"
         self._sources = sources
         d = s.shape[0]
         paper = getattr(mech, "paper_sensitivity", None)
@@ -406,10 +406,7 @@ class FastPath:
             if horizon is not None and t > horizon:
                 general = True
             else:
-                code = -1 if horizon is None else int(horizon)
-                general = is_release_step(
-                    t, mech.warmup, mech.release_every, code
-                ) and not mech.certain(1)
+                general = mech.releases_at(t) and not mech.certain(1)
         if general and not self.available(t0, 1):
             return False
         if self.kind != _FIFO:
@@ -422,36 +419,25 @@ class FastPath:
             self.rhos[0] = mech.rho(mech.n_charged + 1)
         elif mech.kind == "gradient":
             self.ctr[GFIRST] = mech.block_first
-        if (
-            S is self._entry_for
-            and type(y) is float
-            and x.dtype is _F64
-            and x.strides == _STRIDES
-            and x.ndim == 1
-        ):
+        plain = type(y) is float and x.dtype is _F64 and x.strides == _STRIDES and x.ndim == 1
+        if plain and S is self._entry_for:
             _ENTRY_POINTS[self._entry](S, x, y)  # see _call_one
         else:
-            self._call_one(S, x, y)
+            self._call_one(S, x, y, plain)
         self._finish(t0, 1)
         return True
 
-    def _call_one(self, S, x: np.ndarray, y: float) -> None:
+    def _call_one(self, S, x: np.ndarray, y: float, plain: bool) -> None:
         """The compiled step through numba's dispatcher; remembers the overload it chose.
 
         Further calls with this struct skip the dispatcher's typing of the arguments (half a
         microsecond of a ~10 µs record): :meth:`learn_one` calls the entry point of this overload
-        while the arguments have the same types — this very struct, a float64 contiguous
-        vector and a float, checked at every call.
+        while the arguments have the same types — this very struct, and (``plain``) a float64
+        contiguous vector and a float, checked at every call.
         """
         _RUN_ONE(S, x, y)
         overloads = getattr(_RUN_ONE, "overloads", None)  # None: not a numba dispatcher
-        if (
-            overloads is not None
-            and type(y) is float
-            and x.dtype is _F64
-            and x.strides == _STRIDES
-            and x.ndim == 1
-        ):
+        if plain and overloads is not None:
             sig = tuple(_RUN_ONE.typeof_pyval(a) for a in (S, x, y))
             compiled = overloads.get(sig)
             if compiled is not None:
