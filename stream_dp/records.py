@@ -193,8 +193,7 @@ class FeatureSchema:
                 if arr is not None and arr.dtype.char == "d" and arr.ndim == 1:
                     sq = np.vdot(arr, arr)
                     if math.isfinite(sq):
-                        # clip_norm's test, inlined for the common unclipped record
-                        out = arr if math.sqrt(sq) <= radius else clip_norm(arr, radius, sq)
+                        out = clip_norm(arr, radius, sq)
                         clipped = out is not arr
                         self.last_clipped = clipped
                         self._last = (x, vals, radius, out, clipped)
