@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["client_settings"]
+__all__ = ["client_settings", "crc32c_in_c", "release_compression"]
 
 
 def client_settings(
@@ -53,3 +53,24 @@ def client_settings(
     if managed:
         raise ValueError(f"{owner} manages these settings itself: {managed}")
     return extra
+
+
+def crc32c_in_c() -> bool:
+    """Whether kafka-python computes CRC32C in C (the ``crc32c`` package, the ``fast`` extra)
+    rather than in its own pure Python."""
+    from kafka.record import util
+
+    return util.crc32c_c is not None
+
+
+def release_compression() -> str | None:
+    """The compression of the engine's release batches: none when CRC32C runs in C, else gzip.
+
+    kafka-python stamps every batch it produces with a CRC32C. In pure Python that costs more
+    per byte than gzip (standard library) saves, and releases repeat their header and feature
+    names, so gzip shrinks them several times. With the C CRC32C the checksum is nearly free
+    and gzip (level 9, in Python's ``GzipFile``) would be the larger cost. Both measured with
+    ``benchmarks/kafka_e2e.py`` (``docs/performance.md``, "Kafka end to end"); consumers
+    decompress either way without being told.
+    """
+    return None if crc32c_in_c() else "gzip"

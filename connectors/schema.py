@@ -20,6 +20,7 @@ import binascii
 import json
 import math
 import numbers
+import struct
 import time
 from collections.abc import Container, Mapping, Sequence
 from datetime import UTC, datetime
@@ -706,45 +707,53 @@ class ReleaseEncoder:
     True
     """
 
-    _CONSTANT = ("model_id", "run_id", "algorithm", "task", "shape", "feature_names",
-                 "rho_budget", "delta", "private")  # fmt: skip
-
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._head = self._middle = self._tail = ""
 
-    def _template(self, data: Mapping[str, Any]) -> None:
-        c = {k: data[k] for k in self._CONSTANT}
+    def _template(self, key: tuple) -> None:
+        """Encode the fields that stay the same for a model's run (``key``, as :meth:`encode`
+        builds it) once."""
+        model_id, run_id, algorithm, task, shape, names, rho_budget, delta, private = key
         self._head = (
-            f'{{"schema_version":2,"model_id":{_json(c["model_id"])},'
-            f'"run_id":{_json(c["run_id"])},"algorithm":{_json(c["algorithm"])},'
-            f'"task":{_json(c["task"])},"step":'
+            f'{{"schema_version":2,"model_id":{_json(model_id)},'
+            f'"run_id":{_json(run_id)},"algorithm":{_json(algorithm)},'
+            f'"task":{_json(task)},"step":'
         )
-        self._middle = f'","dtype":"{WEIGHTS_DTYPE}","shape":{_json(list(c["shape"]))},' + (
-            f'"feature_names":{_json(list(c["feature_names"]))},"rho_spent":'
+        self._middle = f'","dtype":"{WEIGHTS_DTYPE}","shape":{_json(list(shape))},' + (
+            f'"feature_names":{_json(list(names))},"rho_spent":'
         )
         self._tail = (
-            f',"rho_budget":{_json(c["rho_budget"])},"delta":{_json(c["delta"])}',
-            f',"private":{_json(bool(c["private"]))},"time":',
+            f',"rho_budget":{_json(rho_budget)},"delta":{_json(delta)}',
+            f',"private":{_json(bool(private))},"time":',
         )
 
     def encode(self, fields: Mapping[str, Any], **more: Any) -> bytes:
         """The message bytes of ``fields`` (a learner's ``release_message()``) and ``more``
         (``run_id``, ``time``; ``private`` defaults to True, ``time`` to now)."""
         data = {"run_id": None, "private": True, **fields, **more}
-        arr = np.asarray(data["weights"], dtype=np.float64)
-        if not np.isfinite(arr).all():
-            raise ValueError("weights must be finite")
-        if not data.get("shape"):
-            data["shape"] = list(arr.shape)
-        key = tuple(
-            tuple(v) if isinstance(v, list | tuple) else v
-            for v in (data[k] for k in self._CONSTANT)
-        )
+        weights = data["weights"]
+        shape = data.get("shape")
+        if type(weights) is list and shape and _flat_floats(weights):
+            # A learner's release: a flat list of floats (``ravel().tolist()``). Packed by
+            # struct, it is the bytes NumPy would write, at a fraction of NumPy's per-call cost.
+            raw = struct.pack(f"<{len(weights)}d", *weights)
+        else:
+            arr = np.asarray(weights, dtype=np.float64)
+            if not np.isfinite(arr).all():
+                raise ValueError("weights must be finite")
+            if not shape:
+                data["shape"] = list(arr.shape)
+            raw = arr.astype(WEIGHTS_DTYPE, copy=False).tobytes()
+        key = (
+            data["model_id"], data["run_id"], data["algorithm"], data["task"],
+            tuple(data["shape"]), tuple(data["feature_names"]), data["rho_budget"],
+            data["delta"], data["private"],
+        )  # fmt: skip
         if key != self._key:
-            self._template(data)
+            self._template(key)
             self._key = key
-        weights = base64.b64encode(arr.astype(WEIGHTS_DTYPE, copy=False).tobytes()).decode()
+        weights = base64.b64encode(raw).decode()
         when = data.get("time")
         stamp = time.time() if when is None else when
         text = (
@@ -755,6 +764,16 @@ class ReleaseEncoder:
             f"{_number(stamp)}}}"
         )
         return text.encode("utf-8")
+
+
+def _flat_floats(values: list) -> bool:
+    """Whether ``values`` are all finite floats; a non-finite one is refused here."""
+    for v in values:
+        if type(v) is not float:
+            return False
+    if not all(map(math.isfinite, values)):
+        raise ValueError("weights must be finite")
+    return True
 
 
 def release_message_bytes(

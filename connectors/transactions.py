@@ -301,7 +301,10 @@ class TransactionalPublisher:
         def attempt() -> None:
             producer = self._ready_producer()
             producer.begin_transaction()
-            futures = [producer.send(t, value=v, key=k) for t, k, v in messages]
+            where = _KeyPartitions(producer)
+            futures = [
+                producer.send(t, value=v, key=k, partition=where(t, k)) for t, k, v in messages
+            ]
             if offsets:
                 producer.send_offsets_to_transaction(dict(offsets), group_id)
             producer.commit_transaction()
@@ -321,6 +324,35 @@ class TransactionalPublisher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _KeyPartitions:
+    """The partition kafka-python's default partitioner gives each (topic, key), worked out
+    once per batch.
+
+    A batch repeats one key per model thousands of times; hashing it (pure-Python murmur2) and
+    sorting the topic's partitions for every message cost ~10 µs a message, measured
+    (``docs/performance.md``, "Kafka end to end"). The rule is the default partitioner's, so
+    every message lands where an unpinned send would put it; keyless messages stay unpinned
+    (``None``: kafka-python's sticky choice).
+    """
+
+    def __init__(self, producer: Any) -> None:
+        self._producer = producer
+        self._known: dict[tuple[str, bytes], int] = {}
+
+    def __call__(self, topic: str, key: bytes | None) -> int | None:
+        if key is None:
+            return None
+        try:
+            return self._known[topic, key]
+        except KeyError:
+            from kafka.partitioner.default import murmur2
+
+            partitions = sorted(self._producer.partitions_for(topic))
+            where = partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]
+            self._known[topic, key] = where
+            return where
 
 
 def _close_quietly(producer: Any) -> None:

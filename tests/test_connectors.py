@@ -726,7 +726,10 @@ class _FakeTransactionalProducer:
     def begin_transaction(self) -> None:
         self.batch: list[tuple[str, bytes | None, bytes]] = []
 
-    def send(self, topic: str, value: bytes, key: bytes | None) -> Any:
+    def partitions_for(self, topic: str) -> set[int]:
+        return {0}
+
+    def send(self, topic: str, value: bytes, key: bytes | None, partition: int | None) -> Any:
         self.batch.append((topic, key, value))
 
         class Done:
@@ -788,3 +791,37 @@ def test_an_abandoned_attempt_that_finishes_late_does_not_break_the_next(monkeyp
     pub.publish([("releases", b"m", b"v2")])
     assert live[0].committed[-1] == [("releases", b"m", b"v2")]
     pub.close()
+
+
+def test_pinned_partitions_are_the_default_partitioners() -> None:
+    """The publisher pins each keyed message to the partition kafka-python's own default
+    partitioner gives it, so pinning moves no message; keyless messages stay unpinned."""
+    from kafka.partitioner import DefaultPartitioner
+
+    from connectors.transactions import _KeyPartitions
+
+    class Cluster:
+        def topics(self) -> set[str]:
+            return {"t"}
+
+        def partitions_for_topic(self, topic: str) -> set[int]:
+            return set(range(7))
+
+        def available_partitions_for_topic(self, topic: str) -> set[int]:
+            return set(range(7))
+
+    class Producer:
+        asked = 0
+
+        def partitions_for(self, topic: str) -> set[int]:
+            Producer.asked += 1
+            return set(range(7))
+
+    where, default = _KeyPartitions(Producer()), DefaultPartitioner()
+    keys = [f"model-{i}/p{i % 5}".encode() for i in range(200)]
+    got = [where("t", k) for k in keys + keys]
+    want = [default.partition("t", k, k, b"", b"", Cluster()) for k in keys + keys]
+    assert got == want
+    assert len(set(got)) == 7  # the keys spread, so a wrong rule would show
+    assert Producer.asked == len(set(keys))  # worked out once per key
+    assert where("t", None) is None

@@ -63,6 +63,7 @@ class RunStart:
             sinks[CHECKPOINTS] = cfg.scale.checkpoint_topic
         publisher = None
         if topic_cfg is not None:
+            from connectors._settings import release_compression
             from connectors.transactions import TransactionalPublisher
 
             attempt = cfg.kafka.attempt_timeout_seconds
@@ -84,6 +85,7 @@ class RunStart:
                     # thread) cost no latency (docs/performance.md, "Kafka end to end").
                     "batch_size": 256 * 1024,
                     "linger_ms": 5,
+                    "compression_type": release_compression(),
                 },
                 **topic_cfg.security,
             )
