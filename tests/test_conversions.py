@@ -154,3 +154,33 @@ def test_ledger_composition_matches_dp_accounting() -> None:
 def test_invalid_arguments_raise(call) -> None:
     with pytest.raises(ValueError):
         call()
+
+
+def test_the_compiled_conversion_gives_the_python_ones_bits() -> None:
+    """The engine converts ρ → ε at every release through the compiled root finder when the
+    kernels are compiled: it must report the very ε (and give rho_from_epsilon the very budget)
+    the Python code would, on any machine that uses it."""
+    from stream_dp import _jit
+    from stream_dp.privacy import conversions
+
+    if not _jit.NUMBA_INSTALLED:
+        pytest.skip("numba is not installed")
+    with _jit.use_numba(True):
+        compiled = conversions._tight_epsilon_now()
+    assert compiled is not conversions._tight_epsilon  # the probe passed: it is in use
+    with _jit.use_numba(False):
+        assert conversions._tight_epsilon_now() is conversions._tight_epsilon
+    rng = np.random.default_rng(20261124)
+    rhos = np.concatenate([10.0 ** rng.uniform(-12, 3, 20_000), np.cumsum(np.full(5_000, 1e-5))])
+    for delta in (1e-12, 1e-6, 1e-5, 1e-3, 0.5):
+        ld = math.log(delta)
+        got = [compiled(float(r), ld) for r in rhos]
+        want = [conversions._tight_epsilon(float(r), ld) for r in rhos]
+        assert got == want
+    for delta in (1e-5, 1e-8):
+        for epsilon in EPSILONS:
+            with _jit.use_numba(True):
+                fast = conversions.rho_from_epsilon.__wrapped__(epsilon, delta)
+            with _jit.use_numba(False):
+                slow = conversions.rho_from_epsilon.__wrapped__(epsilon, delta)
+            assert fast == slow

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from connectors.schema import ReleaseMessage
@@ -181,7 +182,15 @@ class RunStart:
             found.append(f"its run marker {state.marker.name} exists")
         if state.journal.exists():
             found.append(f"a ledger journal {state.journal.name} exists")
-        record = self._record_before_start()
+        # Both Kafka readings are read-only and each costs a coordinator or fetch round trip:
+        # the release topic's tail is read beside the group's record.
+        tail = None
+        if self._kafka_parts()[RELEASES]:
+            with ThreadPoolExecutor(1, thread_name_prefix="stream-dp-startup") as pool:
+                tail = pool.submit(self._latest_release)
+                record = self._record_before_start()
+        else:
+            record = self._record_before_start()
         if record is None:
             record = PublicationRecord(
                 None, f"a transaction holds commits to consumer group {cfg.source.group_id!r}"
@@ -197,33 +206,38 @@ class RunStart:
                 else state.published_path.name
             )
             found.append(f"{where} records published cycle {p.seq} of its run {p.run_id}")
-        if self._kafka_parts()[RELEASES]:
-            from connectors.admin import latest_with_key
-
+        value = None if tail is None else tail.result()
+        if value is not None:
             rel = cfg.releases
             try:
-                value = latest_with_key(
-                    rel.bootstrap_servers,
-                    rel.topic,
-                    cfg.model.model_id.encode(),
-                    timeout_s=cfg.kafka.startup_timeout_seconds,
-                    **rel.security,
+                last = ReleaseMessage.from_json(value)
+                found.append(
+                    f"release topic {rel.topic!r} holds releases of it (run {last.run_id}, "
+                    f"step {last.step})"
                 )
-            except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback
-                raise KafkaUnavailable(
-                    f"cannot read release topic {rel.topic!r} to check for earlier releases of "
-                    f"model {cfg.model.model_id!r}: {err}"
-                ) from None
-            if value is not None:
-                try:
-                    last = ReleaseMessage.from_json(value)
-                    found.append(
-                        f"release topic {rel.topic!r} holds releases of it (run {last.run_id}, "
-                        f"step {last.step})"
-                    )
-                except ValueError:
-                    found.append(f"release topic {rel.topic!r} holds messages keyed by it")
+            except ValueError:
+                found.append(f"release topic {rel.topic!r} holds messages keyed by it")
         return found
+
+    def _latest_release(self) -> bytes | None:
+        """The latest message keyed by the model on the release topic, or None."""
+        from connectors.admin import latest_with_key
+
+        cfg = self.config
+        rel = cfg.releases
+        try:
+            return latest_with_key(
+                rel.bootstrap_servers,
+                rel.topic,
+                cfg.model.model_id.encode(),
+                timeout_s=cfg.kafka.startup_timeout_seconds,
+                **rel.security,
+            )
+        except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback
+            raise KafkaUnavailable(
+                f"cannot read release topic {rel.topic!r} to check for earlier releases of "
+                f"model {cfg.model.model_id!r}: {err}"
+            ) from None
 
     def _read_record(self, timeout_s: float | None = None) -> PublicationRecord:
         try:
@@ -254,7 +268,12 @@ class RunStart:
         # Writer first: that settles any transaction a previous run left open (its offsets are
         # unreadable until then), and a run that is fenced now has written nothing.
         self._become_writer()
-        self.cycle.verify(self._read_record(), before_start=False)
+        record = self._read_record()
+        self.cycle.verify(record, before_start=False)
+        # Only this process can write the record from here on (it is the writer), and nothing
+        # below writes to Kafka: _recover takes this reading instead of asking again (each
+        # reading is a coordinator round trip, ~0.1 s with kafka-python).
+        self._record_as_writer = record
         if cfg.checkpoint.ledger_journal:
             self._open_journal()
         try:
@@ -335,8 +354,11 @@ class RunStart:
     def _recover(self) -> None:
         """Become the writer, re-check the record, publish what the checkpoint holds."""
         self._become_writer()
+        record, self._record_as_writer = self._record_as_writer, None
+        if record is None:
+            record = self._read_record()
         self._fenced_as_engine_error(
-            self.cycle.recover, self._source.positions(), self._read_record(), **self._hooks()
+            self.cycle.recover, self._source.positions(), record, **self._hooks()
         )
 
     def _hooks(self) -> dict:

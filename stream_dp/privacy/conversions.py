@@ -22,6 +22,8 @@ from typing import Literal
 
 from scipy import optimize, special
 
+from stream_dp import _jit
+
 __all__ = [
     "Conversion",
     "epsilon_from_rho",
@@ -72,23 +74,27 @@ def epsilon_from_rho(rho: float, delta: float, conversion: Conversion = "tight")
     log_delta = math.log(delta)
     if conversion == "paper":
         return rho + 2.0 * math.sqrt(rho * -log_delta)
-    return _tight_epsilon(rho, log_delta)
+    return _tight_epsilon_now()(rho, log_delta)
 
 
 def _tight_epsilon(rho: float, log_delta: float) -> float:
     # f(a) = ρa + ln(1 − 1/a) − (ln δ + ln a)/(a − 1) has f'(a) = ρ + ln(δa)/(a − 1)², so its
     # minimiser is the unique root of g(a) = ρ(a − 1)² + ln(δa), which is increasing on a > 1
     # (g' = 2ρ(a − 1) + 1/a > 0) with g(1) = ln δ < 0 and g(1 + √(ln(1/δ)/ρ)) = ln a > 0.
-    # Safeguarded Newton in pure Python: ~1 µs per iteration, called once per release.
+    # Safeguarded Newton: ~30 iterations, ~6 µs in Python and ~0.6 µs compiled, once per
+    # release. Only IEEE arithmetic, sqrt and libm's log and log1p, so compiled and Python give
+    # the same bits: (a − 1)² is a product, not ``** 2``, because CPython's ``**`` calls libm's
+    # pow, which numba replaces by the product (they differ in the last bit now and then).
     lo, hi = 1.0, 1.0 + math.sqrt(-log_delta / rho)
     a = min(hi, 1.0 + math.sqrt(max(-log_delta, 1e-300) / rho) * 0.9)
     for _ in range(200):
-        g = rho * (a - 1.0) ** 2 + log_delta + math.log(a)
+        d = a - 1.0
+        g = rho * (d * d) + log_delta + math.log(a)
         if g > 0:
             hi = a
         else:
             lo = a
-        step = g / (2.0 * rho * (a - 1.0) + 1.0 / a)
+        step = g / (2.0 * rho * d + 1.0 / a)
         nxt = a - step
         if not lo < nxt < hi:
             nxt = 0.5 * (lo + hi)
@@ -96,12 +102,34 @@ def _tight_epsilon(rho: float, log_delta: float) -> float:
             a = nxt
             break
         a = nxt
-    eps = _tight_objective_a(a, rho, log_delta)
+    eps = rho * a + math.log1p(-1.0 / a) - (log_delta + math.log(a)) / (a - 1.0)
     return max(0.0, eps)
 
 
-def _tight_objective_a(a: float, rho: float, log_delta: float) -> float:
-    return rho * a + math.log1p(-1.0 / a) - (log_delta + math.log(a)) / (a - 1.0)
+#: (ρ, ln δ) pairs the compiled conversion must reproduce bit for bit before it is used.
+_PROBE = tuple(
+    (rho, math.log(delta))
+    for delta in (1e-12, 1e-6, 1e-3, 0.5)
+    for rho in (1e-12, 3.3e-9, 1.7e-6, 1e-5, 2.2e-4, 1 / 32, 0.7, 13.0, 1e3)
+)
+_COMPILED: list = []
+
+
+def _tight_epsilon_now():
+    """:func:`_tight_epsilon`, compiled while the learners' kernels are (``stream_dp._jit``)
+    and the compiled code reproduces the Python one on :data:`_PROBE`."""
+    if not _jit.numba_active():
+        return _tight_epsilon
+    if not _COMPILED:
+        fn = None
+        try:
+            fn = _jit.njit(_tight_epsilon)
+            if any(fn(r, ld) != _tight_epsilon(r, ld) for r, ld in _PROBE):
+                fn = None
+        except Exception:  # pragma: no cover - a numba that cannot compile it
+            fn = None
+        _COMPILED.append(fn or _tight_epsilon)
+    return _COMPILED[0]
 
 
 @functools.lru_cache(maxsize=256)  # a pure function, ~1 ms of root finding, asked per learner
