@@ -50,6 +50,7 @@ ONE_RELEASE_PER_RECORD = {"release_every": 1, "smoothing_window": 1, "predict_wi
 #: configs have it (O(1) checkpoints when releasing at every record), and the engine's default
 #: cycle unless ``--every-records``.
 CYCLE: dict[str, int | bool] = {"ledger_journal": True}
+LOG_LEVEL = "WARNING"
 KAFKA = ROOT / "deploy" / "kafka" / "kafka.sh"
 
 
@@ -103,7 +104,7 @@ def scale_loop(
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "stream_dp.cli", "run", "--config", str(d / "engine.toml"),
-             "--instance", str(i), "--log-level", "WARNING"],
+             "--instance", str(i), "--log-level", LOG_LEVEL],
             env=env, stdout=subprocess.DEVNULL, stderr=(d / f"log{i}").open("w"),
         )
         for i in range(processes)

@@ -11,6 +11,7 @@ hands each partition's records to its learner.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,9 @@ class PartitionSource:
     partition : int
     group_id : str
     request_timeout_s : float, default 10.0
+    lock : threading.Lock, optional
+        Held around every call to ``consumer``. The partitions of one consumer share it, so
+        their learners can start in parallel threads (``KafkaConsumer`` is not thread-safe).
 
     Notes
     -----
@@ -51,10 +55,12 @@ class PartitionSource:
         group_id: str,
         *,
         request_timeout_s: float = 10.0,
+        lock: Any = None,
     ) -> None:
         from kafka import TopicPartition
 
         self.consumer = consumer
+        self._lock = threading.Lock() if lock is None else lock
         self.topic, self.partition, self.group_id = topic, int(partition), group_id
         self.tp = TopicPartition(topic, self.partition)
         self.key = f"{topic}:{self.partition}"
@@ -71,10 +77,13 @@ class PartitionSource:
 
     def start(self) -> dict[str, int]:
         """Where a new learner of this partition starts: the group's commit, else the earliest."""
-        committed = self.consumer.committed(self.tp, timeout_ms=self.request_timeout_ms)
-        if committed is None:
-            begin = self.consumer.beginning_offsets([self.tp], timeout_ms=self.request_timeout_ms)
-            committed = begin[self.tp]
+        with self._lock:
+            committed = self.consumer.committed(self.tp, timeout_ms=self.request_timeout_ms)
+            if committed is None:
+                begin = self.consumer.beginning_offsets(
+                    [self.tp], timeout_ms=self.request_timeout_ms
+                )
+                committed = begin[self.tp]
         self.seek({self.key: int(committed)})
         return self.positions()
 
@@ -82,7 +91,8 @@ class PartitionSource:
         """Resume at the checkpoint's position of this partition (others are ignored)."""
         for (topic, part), offset in _parse_kafka_positions(positions).items():
             if (topic, part) == (self.topic, self.partition):
-                self.consumer.seek(self.tp, offset)
+                with self._lock:
+                    self.consumer.seek(self.tp, offset)
                 self.next = offset
 
     def messages(self, records: list[Any]) -> list[SourceMessage]:
@@ -116,7 +126,8 @@ class PartitionSource:
     def committed(self, timeout_s: float | None = None) -> dict[str, tuple[int, str | None]]:
         """The group's committed offset of this partition and its tag (``{}`` if none)."""
         timeout_ms = self.request_timeout_ms if timeout_s is None else int(timeout_s * 1000)
-        meta = self.consumer.committed(self.tp, metadata=True, timeout_ms=timeout_ms)
+        with self._lock:
+            meta = self.consumer.committed(self.tp, metadata=True, timeout_ms=timeout_ms)
         if meta is None:
             return {}
         text = meta.metadata or ""
@@ -128,7 +139,8 @@ class PartitionSource:
         """Commit outside a transaction (release topic on another cluster)."""
         offsets = self.offsets(positions, tag)
         if offsets:
-            self.consumer.commit(offsets=offsets)
+            with self._lock:
+                self.consumer.commit(offsets=offsets)
         return True
 
     def lag(self, timeout_s: float | None = None) -> int | None:
@@ -137,7 +149,8 @@ class PartitionSource:
             return None
         timeout_ms = self.request_timeout_ms if timeout_s is None else int(timeout_s * 1000)
         try:
-            end = self.consumer.end_offsets([self.tp], timeout_ms=timeout_ms)[self.tp]
+            with self._lock:
+                end = self.consumer.end_offsets([self.tp], timeout_ms=timeout_ms)[self.tp]
         except Exception:  # noqa: BLE001 - status only (and impossible inside a rebalance)
             return None
         return max(int(end) - self.next, 0)

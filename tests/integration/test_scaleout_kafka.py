@@ -142,7 +142,10 @@ def test_two_instances_one_killed_then_a_third_joins(
     learned_by_c = json.loads((tmp_path / "engine-C.log").read_text().splitlines()[-1])
     assert learned_by_c["records"] > 0, "the third instance learned part of the live input"
     print(f"\ntake-over after SIGKILL: {takeover:.1f} s (session timeout {SESSION_MS / 1000} s)")
-    assert takeover <= 2 * SESSION_MS / 1000 + 10
+    # The broker declares a SIGKILLed member dead only when its session times out; then the
+    # survivor's next heartbeat (every session/4) sees the rebalance, and it starts the four
+    # learners side by side (~0.6 s). Measured 7.3 s for a 6 s session timeout.
+    assert takeover <= SESSION_MS / 1000 + 6
 
     # The survivor resumed the killed instance's learners from their checkpoints, and the
     # third instance resumed those it took from the survivor.
