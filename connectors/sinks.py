@@ -249,6 +249,9 @@ class _Pending:
 
 
 #: Settings KafkaSink owns: they are what makes delivery idempotent and loss-free.
+#: Sent messages kept before the first pass that forgets the delivered ones.
+_COMPACT_AT = 1024
+
 _PRODUCER_FIXED = frozenset(
     {"bootstrap_servers", "enable_idempotence", "acks", "key_serializer", "value_serializer"}
 )
@@ -325,6 +328,7 @@ class KafkaSink:
         }
         self._producer: Any = None
         self._pending: list[_Pending] = []
+        self._compact_at = _COMPACT_AT
         self._lock = threading.RLock()
         self._closed = False
 
@@ -376,10 +380,13 @@ class KafkaSink:
         with self._lock:
             self._send_with_retry(item, time.monotonic() + self.delivery_timeout_s)
             self._pending.append(item)
-            if len(self._pending) >= 1024:
+            if len(self._pending) >= self._compact_at:
                 # Forget delivered messages so an unflushed long run does not grow memory;
-                # failed ones stay for flush() to re-send.
+                # failed ones stay for flush() to re-send. The next pass waits until the list
+                # has doubled: when sends outrun delivery, a pass at every send past a fixed
+                # size made a long run quadratic (300,000 sends took over 15 minutes).
                 self._pending = [p for p in self._pending if not p.future.succeeded()]
+                self._compact_at = max(_COMPACT_AT, 2 * len(self._pending))
 
     def flush(self) -> None:
         """Block until every message sent so far is acknowledged by the broker.
@@ -406,6 +413,7 @@ class KafkaSink:
                 failed = [p for p in self._pending if not p.future.succeeded()]
                 if not failed:
                     self._pending = []
+                    self._compact_at = _COMPACT_AT
                     backoff.succeeded()
                     return
                 fatal = [
