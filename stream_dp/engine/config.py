@@ -166,7 +166,7 @@ class CheckpointConfig(_Strict):
         ge=1,
         description="End the cycle after this many input messages. Each cycle costs a "
         "checkpoint and a Kafka transaction: 5,000 records are ~0.4 s at the engine's rate with "
-        "a release per record, and run ~15 % faster than 1,000 (docs/performance.md).",
+        "a release per record, and ran 6-8 % faster than 1,000 (docs/performance.md).",
     )
     every_seconds: float = Field(5.0, gt=0)
     max_pending_bytes: int = Field(
