@@ -234,6 +234,19 @@ def engine_loop(bootstrap: str, topic: str, n: int, buffer: int, dim: int) -> tu
     return n / elapsed, _steady(marks)
 
 
+def report(
+    base: list[tuple[float, float]], other: list[tuple[float, float]], base_name: str,
+    other_name: str, ratio_name: str,
+) -> None:  # fmt: skip
+    """Print the medians of two measurements (start to end, steady state) and their ratio."""
+    for i, what in ((0, "start to end"), (1, "steady state")):
+        b = statistics.median(x[i] for x in base)
+        o = statistics.median(x[i] for x in other)
+        print(f"{base_name} ({what}) : {b:10.0f} records/s")
+        print(f"{other_name} ({what}) : {o:10.0f} records/s")
+        print(f"ratio {ratio_name} ({what}) : {o / b:10.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=60_000)
@@ -268,12 +281,8 @@ def main() -> None:
             f"{args.repeats} repeats, one release message per record, CRC32C: {crc32c_kind()}, "
             f"commit cycle: {cycle_records()} records"
         )
-        for i, what in ((0, "start to end"), (1, "steady state")):
-            r = statistics.median(x[i] for x in raw)
-            e = statistics.median(x[i] for x in eng)
-            print(f"raw kafka-python consume→produce ({what}) : {r:10.0f} records/s")
-            print(f"stream_dp engine, private, e2e ({what})   : {e:10.0f} records/s")
-            print(f"ratio engine / raw ({what})               : {e / r:10.2f}")
+        report(raw, eng, "raw kafka-python consume→produce", "stream_dp engine, private, e2e",
+               "engine / raw")  # fmt: skip
         if args.scale:
             topic4 = f"bench-in4-{uuid.uuid4().hex[:8]}"
             from kafka import KafkaAdminClient
@@ -286,12 +295,8 @@ def main() -> None:
             for _ in range(args.repeats):
                 one.append(scale_loop(bootstrap, topic4, args.records, args.buffer, args.dim, 1))
                 two.append(scale_loop(bootstrap, topic4, args.records, args.buffer, args.dim, 2))
-            for i, what in ((0, "start to end"), (1, "steady state")):
-                o = statistics.median(r[i] for r in one)
-                t = statistics.median(r[i] for r in two)
-                print(f"per-partition, 1 process ({what}) : {o:10.0f} records/s")
-                print(f"per-partition, 2 processes ({what}): {t:10.0f} records/s")
-                print(f"ratio two / one process ({what})   : {t / o:10.2f}")
+            report(one, two, "per-partition, 1 process", "per-partition, 2 processes",
+                   "two / one process")  # fmt: skip
     finally:
         subprocess.run(["bash", str(KAFKA), "stop", "--dir", str(rundir)], check=False)
 
