@@ -331,7 +331,7 @@ class _KeyPartitions:
     once per batch.
 
     A batch repeats one key per model thousands of times; hashing it (pure-Python murmur2) and
-    sorting the topic's partitions for every message cost ~10 µs a message, measured
+    sorting the topic's partitions for every message cost several µs a message
     (``docs/performance.md``, "Kafka end to end"). The rule is the default partitioner's, so
     every message lands where an unpinned send would put it; keyless messages stay unpinned
     (``None``: kafka-python's sticky choice).
