@@ -248,10 +248,10 @@ class _Pending:
     future: Any
 
 
-#: Settings KafkaSink owns: they are what makes delivery idempotent and loss-free.
 #: Sent messages kept before the first pass that forgets the delivered ones.
 _COMPACT_AT = 1024
 
+#: Settings KafkaSink owns: they are what makes delivery idempotent and loss-free.
 _PRODUCER_FIXED = frozenset(
     {"bootstrap_servers", "enable_idempotence", "acks", "key_serializer", "value_serializer"}
 )
