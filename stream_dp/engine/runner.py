@@ -124,8 +124,6 @@ class Engine(RunStart, StatusReports):
         if secret is not None:
             self._use_secret(secret)
         self.state = StateDir(config.checkpoint.path)
-        #: The publication record as read right after becoming the writer (start-up only).
-        self._record_as_writer = None
         self._features = tuple(config.model.features)
         self._known = frozenset(self._features)
         self._encoder = ReleaseEncoder()

@@ -217,13 +217,16 @@ class ScaleOut:
             started = [(k, engine, pool.submit(engine.start)) for k, engine in pending]
         errors = []
         for k, engine, done in started:
-            if done.exception() is not None:
-                errors.append(done.exception())
+            err = done.exception()
+            if err is not None:
+                errors.append(err)
                 engine.close()
                 continue
             self.engines[k] = engine
             log.info("partition %d: learner %s at step %d", k,
                      engine.config.model.model_id, engine.learner.step)  # fmt: skip
+        for err in errors[1:]:  # the first is raised; the others must not vanish
+            log.error("another gained partition failed to start too: %s", err)
         if errors:
             raise errors[0]
 

@@ -274,12 +274,7 @@ class RunStart:
         # Writer first: that settles any transaction a previous run left open (its offsets are
         # unreadable until then), and a run that is fenced now has written nothing.
         self._become_writer()
-        record = self._read_record()
-        self.cycle.verify(record, before_start=False)
-        # Only this process can write the record from here on (it is the writer), and nothing
-        # below writes to Kafka: _recover takes this reading instead of asking again (each
-        # reading is a coordinator round trip, ~0.1 s with kafka-python).
-        self._record_as_writer = record
+        self.cycle.verify(self._read_record(), before_start=False)
         if cfg.checkpoint.ledger_journal:
             self._open_journal()
         try:
@@ -360,11 +355,8 @@ class RunStart:
     def _recover(self) -> None:
         """Become the writer, re-check the record, publish what the checkpoint holds."""
         self._become_writer()
-        record, self._record_as_writer = self._record_as_writer, None
-        if record is None:
-            record = self._read_record()
         self._fenced_as_engine_error(
-            self.cycle.recover, self._source.positions(), record, **self._hooks()
+            self.cycle.recover, self._source.positions(), self._read_record(), **self._hooks()
         )
 
     def _hooks(self) -> dict:
