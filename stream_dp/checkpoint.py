@@ -18,6 +18,16 @@ or older format — raises a :class:`CheckpointError` subclass with a message th
 do. Nothing here ever "starts fresh" silently: a fresh
 start resets the ledger, so it is the caller's explicit decision.
 
+**Sealed checkpoints.** Given a ``seal_key`` (per-partition scale-out derives one from the
+master secret: :func:`stream_dp.engine.master_secret.checkpoint_key`), the whole file above is
+wrapped in a :mod:`stream_dp.sealing` envelope: AES-GCM under the key, with the model id (which
+names the partition) as authenticated associated data. Such a file says nothing to a reader
+without the key; opening it checks the key (a checkpoint sealed under another master is refused
+with :class:`CheckpointKeyMismatch`) before any of the checks above. A sealed file is never
+read without its key, and with a key an unsealed file is refused unless the caller accepts one
+(``accept_unsealed``: a file written before sealing, read once and then sealed with
+:func:`seal_checkpoint_file`).
+
 """
 
 from __future__ import annotations
@@ -35,17 +45,29 @@ from typing import Any
 
 import numpy as np
 
+from stream_dp.sealing import (
+    SealCorrupt,
+    SealKeyMismatch,
+    SealMismatch,
+    is_sealed,
+    open_sealed,
+    seal,
+    sealed_context,
+)
+
 __all__ = [
     "CHECKPOINT_VERSION",
     "Checkpoint",
     "CheckpointError",
     "CheckpointCorrupt",
+    "CheckpointKeyMismatch",
     "CheckpointMismatch",
     "CheckpointVersionError",
     "save_checkpoint",
     "load_checkpoint",
     "params_fingerprint",
     "remove_stale_temporaries",
+    "seal_checkpoint_file",
     "write_private",
 ]
 
@@ -65,6 +87,10 @@ class CheckpointMismatch(CheckpointError):
     """A valid checkpoint, but of another model or another configuration."""
 
 
+class CheckpointKeyMismatch(CheckpointMismatch):
+    """A sealed checkpoint that does not authenticate: another master secret, or forged."""
+
+
 class CheckpointVersionError(CheckpointError):
     """Written by a format version this build does not read."""
 
@@ -77,6 +103,8 @@ class Checkpoint:
     positions: dict
     meta: dict
     header: dict
+    #: Whether the file was sealed (:mod:`stream_dp.sealing`).
+    sealed: bool = False
 
 
 def _jsonable_params(params: dict) -> dict:
@@ -146,8 +174,10 @@ def save_checkpoint(
     learner_state: dict,
     positions: dict,
     meta: dict | None = None,
+    *,
+    seal_key: bytes | None = None,
 ) -> None:
-    """Write a checkpoint atomically with mode 0600.
+    """Write a checkpoint atomically with mode 0600, sealed if given a key.
 
     Parameters
     ----------
@@ -159,6 +189,8 @@ def save_checkpoint(
         The source positions to resume from (the *next* records to read).
     meta
         Anything JSON-serialisable the engine wants back (counters, status).
+    seal_key
+        Seal the file under this key (16, 24 or 32 bytes), bound to the learner's model id.
 
     Examples
     --------
@@ -198,8 +230,26 @@ def save_checkpoint(
     header["header_sha256"] = _header_digest(header)
     head = json.dumps(header, allow_nan=False).encode()
     blob = _MAGIC + len(head).to_bytes(8, "big") + head + payload
-
+    if seal_key is not None:
+        blob = seal(seal_key, str(header["model_id"]), blob)
     write_private(path, blob)
+
+
+def seal_checkpoint_file(path: str | os.PathLike, seal_key: bytes) -> None:
+    """Seal an unsealed checkpoint file in place (atomically), bound to its model id.
+
+    For a checkpoint written before sealing, once it has been read and accepted.
+
+    Raises
+    ------
+    CheckpointError
+        It is not an intact unsealed checkpoint.
+    """
+    path = Path(path)
+    c = load_checkpoint(path)
+    if c.sealed:
+        raise CheckpointError(f"{path} is sealed already")
+    write_private(path, seal(seal_key, str(c.header["model_id"]), path.read_bytes()))
 
 
 def write_private(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> None:
@@ -275,11 +325,31 @@ def load_checkpoint(
     model_id: str | None = None,
     learner_class: str | None = None,
     params: dict | None = None,
+    *,
+    seal_key: bytes | None = None,
+    accept_unsealed: bool = False,
 ) -> Checkpoint:
     """Read and verify a checkpoint; raise a :class:`CheckpointError` on any doubt.
 
     ``model_id``, ``learner_class`` and ``params`` (the resuming learner's ``_get_params()``)
-    are checked against the header when given.
+    are checked against the header when given. With ``seal_key``, the file must be sealed
+    under it (an unsealed one is refused unless ``accept_unsealed``); without, a sealed file is
+    refused.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> from stream_dp.online import OnPairStrC
+    >>> m = OnPairStrC(alpha=1.0, features=["a"], model_id="bank/p0")
+    >>> p = os.path.join(tempfile.mkdtemp(), "ckpt")
+    >>> save_checkpoint(p, m.state_dict(), {"line": 0}, seal_key=bytes(16))
+    >>> load_checkpoint(p, model_id="bank/p0", seal_key=bytes(16)).sealed
+    True
+    >>> try:
+    ...     load_checkpoint(p, model_id="bank/p0")
+    ... except CheckpointMismatch as err:
+    ...     print(str(err).split(": ")[0].endswith("is sealed"))
+    True
     """
     path = Path(path)
     try:
@@ -288,6 +358,50 @@ def load_checkpoint(
         raise
     except OSError as exc:
         raise CheckpointCorrupt(f"cannot read checkpoint {path}: {exc}") from exc
+    sealed = is_sealed(data)
+    if sealed:
+        data, model_id = _unseal(path, data, model_id, seal_key)
+    elif seal_key is not None and not accept_unsealed and data.startswith(_MAGIC):
+        raise CheckpointMismatch(
+            f"{path} is not sealed, and a checkpoint of this model must be (a file of an older "
+            "stream_dp, or one written without the master secret)"
+        )
+    return _parse(path, data, model_id, learner_class, params, sealed)
+
+
+def _unseal(
+    path: Path, data: bytes, model_id: str | None, seal_key: bytes | None
+) -> tuple[bytes, str]:
+    """The checkpoint inside a sealed file, and the model id the envelope is bound to."""
+    try:
+        context = sealed_context(data)
+        if seal_key is None:
+            raise CheckpointMismatch(
+                f"{path} is sealed: opening it needs its key, derived from the master secret "
+                f"of model {context!r}"
+            )
+        model_id = context if model_id is None else model_id
+        return open_sealed(seal_key, model_id, data), model_id
+    except SealCorrupt as exc:
+        raise CheckpointCorrupt(f"{path}: {exc}") from None
+    except SealMismatch:
+        raise CheckpointMismatch(f"{path} belongs to model {context!r}, not {model_id!r}") from None
+    except SealKeyMismatch:
+        raise CheckpointKeyMismatch(
+            f"{path} does not authenticate: it was sealed under another master secret, or "
+            "forged. Start every instance with the same master secret"
+        ) from None
+
+
+def _parse(
+    path: Path,
+    data: bytes,
+    model_id: str | None,
+    learner_class: str | None,
+    params: dict | None,
+    sealed: bool,
+) -> Checkpoint:
+    """Verify and decode the (unsealed) bytes of a checkpoint."""
     if not data.startswith(_MAGIC):
         raise CheckpointCorrupt(f"{path} is not a stream_dp checkpoint (bad magic)")
     off = len(_MAGIC)
@@ -340,6 +454,7 @@ def load_checkpoint(
             positions=_join(body["positions"], arrays),
             meta=_join(body["meta"], arrays),
             header={k: v for k, v in header.items() if k != "body"},
+            sealed=sealed,
         )
     except (ValueError, KeyError, OSError) as exc:
         raise CheckpointCorrupt(f"{path} payload is unreadable: {exc}") from exc

@@ -26,6 +26,7 @@ import secrets as _os_secrets
 import numpy as np
 
 __all__ = [
+    "KEY_PURPOSES",
     "PURPOSES",
     "SECRET_BITS",
     "check_seed",
@@ -52,6 +53,11 @@ PURPOSES: tuple[str, ...] = (
     "audit",  # the empirical audit's own randomness
     "metrics",  # noise of the differentially private operator metrics
     "scaler",  # noise added to a private scaler's released statistics
+)
+
+#: Purposes whose key feeds no generator, so never a noise lane: each has its own derived key.
+KEY_PURPOSES: tuple[str, ...] = (
+    "checkpoint",  # AES-GCM key sealing a checkpoint that leaves the process (stream_dp.sealing)
 )
 
 _PERSON = b"stream_dp/v2"  # BLAKE2b personalisation: no other protocol shares these keys
@@ -112,7 +118,7 @@ def derive_key(secret: int, purpose: str, model_id: str) -> np.ndarray:
     (dtype('uint64'), (2,), False)
 
     """
-    if purpose not in PURPOSES:
+    if purpose not in PURPOSES and purpose not in KEY_PURPOSES:
         raise ValueError(f"unknown noise purpose {purpose!r}; known: {', '.join(PURPOSES)}")
     message = purpose.encode() + b"\x00" + str(model_id).encode("utf-8", "surrogatepass")
     digest = hashlib.blake2b(
