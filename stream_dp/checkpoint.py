@@ -246,10 +246,11 @@ def seal_checkpoint_file(path: str | os.PathLike, seal_key: bytes) -> None:
         It is not an intact unsealed checkpoint.
     """
     path = Path(path)
-    c = load_checkpoint(path)
-    if c.sealed:
+    data = path.read_bytes()
+    if is_sealed(data):
         raise CheckpointError(f"{path} is sealed already")
-    write_private(path, seal(seal_key, str(c.header["model_id"]), path.read_bytes()))
+    c = _parse(path, data, None, None, None, sealed=False)
+    write_private(path, seal(seal_key, str(c.header["model_id"]), data))
 
 
 def write_private(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> None:

@@ -24,11 +24,13 @@ from stream_dp.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointCorrupt,
     CheckpointError,
+    CheckpointKeyMismatch,
     CheckpointMismatch,
     CheckpointVersionError,
     _header_digest,
     load_checkpoint,
     save_checkpoint,
+    seal_checkpoint_file,
 )
 from stream_dp.online import OnPairC, OnPairStrC
 
@@ -346,3 +348,133 @@ def test_a_restored_metric_learner_does_not_serve_a_root_cached_before_the_resto
     after, expected = a.transform_one(probe), b.transform_one(probe)
     assert after != before
     assert after == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+# -- sealed checkpoints (per-partition scale-out: stream_dp.sealing) -----------------------------
+KEY = bytes(range(16))
+SEALED_MAGIC = b"STREAMDP-SEALED\n"
+
+
+def _sealed_layout(data: bytes) -> tuple[int, int]:
+    """(offset of the context, offset of the nonce) in a sealed file."""
+    at = len(SEALED_MAGIC) + 3
+    return at, at + int.from_bytes(data[at - 2 : at], "big")
+
+
+def _with_checksum(body: bytes) -> bytes:
+    return body + hashlib.sha256(body).digest()
+
+
+@pytest.fixture
+def sealed(tmp_path):
+    model = _trained()
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(path, model.state_dict(), {"offset": 30}, {"note": "x"}, seal_key=KEY)
+    return model, path
+
+
+def test_a_sealed_checkpoint_round_trips_and_shows_nothing_of_its_contents(sealed):
+    model, path = sealed
+    data = path.read_bytes()
+    state = model.state_dict()
+    ck = load_checkpoint(path, model_id="m1", learner_class=type(model).__name__,
+                         params=model._get_params(), seal_key=KEY)  # fmt: skip
+    assert ck.sealed and ck.positions == {"offset": 30} and ck.meta == {"note": "x"}
+    assert np.array_equal(ck.learner_state["buffer"]["X"], state["buffer"]["X"])
+    # Every buffered value, every weight, and the header's text are in the plaintext; none in
+    # the file (the control makes sure the search would find them).
+    unsealed = path.with_name("plain.ckpt")
+    save_checkpoint(unsealed, state, {"offset": 30}, {"note": "x"})
+    plain = unsealed.read_bytes()
+    needles = [v.tobytes() for v in np.ravel(state["buffer"]["X"])]
+    needles += [v.tobytes() for v in np.ravel(state["w"])]
+    needles += [b'"secret"', b'"ledger"', b"m1_", b"buffer", str(state["secret"]).encode()]
+    needles = [n for n in needles if n in plain]
+    assert len(needles) >= 20
+    assert [n for n in needles if n in data] == []
+    assert data.startswith(SEALED_MAGIC) and b"m1" in data  # the context is in the clear
+
+
+def test_every_truncation_of_a_sealed_checkpoint_is_refused(sealed):
+    _, path = sealed
+    data = path.read_bytes()
+    for cut in sorted({*range(0, 80), *range(0, len(data), 61), len(data) - 1}):
+        path.write_bytes(data[:cut])
+        with pytest.raises(CheckpointCorrupt):
+            load_checkpoint(path, seal_key=KEY)
+
+
+def test_every_flipped_bit_of_a_sealed_checkpoint_is_refused_as_corrupt(sealed):
+    _, path = sealed
+    data = path.read_bytes()
+    for i in range(len(data)):
+        damaged = bytearray(data)
+        damaged[i] ^= 1 << (i % 8)
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(CheckpointCorrupt):
+            load_checkpoint(path, model_id="m1", seal_key=KEY)
+
+
+def test_a_forged_sealed_checkpoint_does_not_authenticate(sealed):
+    """Altered with its checksum recomputed (what a forger does): the AEAD refuses it."""
+    _, path = sealed
+    data = path.read_bytes()
+    ctx, nonce = _sealed_layout(data)
+    body = data[:-32]
+    for i in (nonce, nonce + 11, nonce + 12, (nonce + len(body)) // 2, len(body) - 1):
+        forged = bytearray(body)
+        forged[i] ^= 0x01
+        path.write_bytes(_with_checksum(bytes(forged)))
+        with pytest.raises(CheckpointKeyMismatch, match="another master secret, or forged"):
+            load_checkpoint(path, model_id="m1", seal_key=KEY)
+
+
+def test_a_sealed_checkpoint_relabelled_for_another_model_does_not_authenticate(tmp_path):
+    """The model id is associated data: another partition's checkpoint, its clear context
+    rewritten to this one's, does not open."""
+    model = _trained(model_id="bank/p1")
+    path = tmp_path / "p0.ckpt"
+    save_checkpoint(path, model.state_dict(), {}, seal_key=KEY)
+    with pytest.raises(CheckpointMismatch, match="belongs to model 'bank/p1', not 'bank/p0'"):
+        load_checkpoint(path, model_id="bank/p0", seal_key=KEY)
+    data = path.read_bytes()
+    ctx, nonce = _sealed_layout(data)
+    relabelled = data[:ctx] + b"bank/p0" + data[nonce:-32]
+    path.write_bytes(_with_checksum(relabelled))
+    with pytest.raises(CheckpointKeyMismatch):
+        load_checkpoint(path, model_id="bank/p0", seal_key=KEY)
+
+
+def test_a_sealed_checkpoint_opens_only_with_its_key(sealed):
+    _, path = sealed
+    with pytest.raises(CheckpointKeyMismatch, match="another master secret"):
+        load_checkpoint(path, model_id="m1", seal_key=bytes(16))
+    with pytest.raises(CheckpointMismatch, match="is sealed: opening it needs its key"):
+        load_checkpoint(path, model_id="m1")
+
+
+def test_an_unsealed_checkpoint_is_refused_where_a_sealed_one_is_expected(saved):
+    model, path = saved
+    with pytest.raises(CheckpointMismatch, match="is not sealed"):
+        load_checkpoint(path, model_id="m1", seal_key=KEY)
+    ck = load_checkpoint(path, model_id="m1", seal_key=KEY, accept_unsealed=True)
+    assert not ck.sealed
+    seal_checkpoint_file(path, KEY)
+    again = load_checkpoint(path, model_id="m1", seal_key=KEY)
+    assert again.sealed and again.header["step"] == ck.header["step"] == 30
+    with pytest.raises(CheckpointError, match="sealed already"):
+        seal_checkpoint_file(path, KEY)
+
+
+def test_every_seal_draws_a_fresh_nonce(tmp_path):
+    state = _trained().state_dict()
+    a, b = tmp_path / "a", tmp_path / "b"
+    for path in (a, b):
+        save_checkpoint(path, state, {}, seal_key=KEY)
+    nonces = set()
+    for path in (a, b):
+        data = path.read_bytes()
+        _, at = _sealed_layout(data)
+        nonces.add(data[at : at + 12])
+    assert len(nonces) == 2
+    assert load_checkpoint(a, seal_key=KEY).header["step"] == 30

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from test_engine import Collect, CrashingSource, records, run, without_wall_clock
 
-from stream_dp.checkpoint import load_checkpoint
+from stream_dp.checkpoint import CheckpointKeyMismatch, load_checkpoint
 from stream_dp.cli import main as cli_main
 from stream_dp.engine import Engine, EngineConfig
-from stream_dp.engine.errors import StateError
 from stream_dp.engine.master_secret import (
     MasterSecretError,
+    checkpoint_key,
     load_master_secret,
     partition_secret,
     secret_fingerprint,
@@ -25,6 +25,9 @@ from stream_dp.engine.scaleout import composition, partition_config
 from stream_dp.privacy.secrets import derive_secret
 
 MASTER = int("7f" * 32, 16)
+# Masters that pass the weakness test (16 and 20 bytes from secrets.token_hex).
+GOOD_16 = "3b0d8c4f1e97a26d5c08fe41b7a9362e"
+GOOD_20 = "9f41c07e2ab85d36e1f4097bc25a8d63f0e71b4c"
 
 
 def file_config(tmp: Path, model_id: str = "bank/p0") -> EngineConfig:
@@ -75,11 +78,11 @@ def test_partition_secrets_are_keyed_derivations_of_the_master():
 
 def test_the_master_secret_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):
     f = tmp_path / "master"
-    f.write_text("ab" * 16 + "\n")
-    assert load_master_secret(f, "UNSET_VARIABLE_FOR_TEST") == int("ab" * 16, 16)
-    monkeypatch.setenv("H8_TEST_MASTER", "cd" * 20)
-    assert load_master_secret(None, "H8_TEST_MASTER") == int("cd" * 20, 16)
-    for bad in ("ab" * 15, "zz" * 16, ""):
+    f.write_text(GOOD_16 + "\n")
+    assert load_master_secret(f, "UNSET_VARIABLE_FOR_TEST") == int(GOOD_16, 16)
+    monkeypatch.setenv("H8_TEST_MASTER", GOOD_20)
+    assert load_master_secret(None, "H8_TEST_MASTER") == int(GOOD_20, 16)
+    for bad in (GOOD_16[:30], "zz" * 16, ""):
         monkeypatch.setenv("H8_TEST_MASTER", bad)
         with pytest.raises(MasterSecretError):
             load_master_secret(None, "H8_TEST_MASTER")
@@ -120,7 +123,7 @@ def test_composition_is_the_max_only_when_keyed_by_the_privacy_unit():
 
 
 def test_a_derived_secret_is_never_in_the_checkpoint_and_resumes_identically(tmp_path):
-    """With a secret handed in, the checkpoint holds its fingerprint only; a crash and resume
+    """With a secret handed in, the checkpoint is sealed and never holds it; a crash and resume
     under the same master re-derives it and publishes exactly an uninterrupted run's stream."""
     data = records(80, seed=5)
     secret = partition_secret(MASTER, "bank/p0")
@@ -132,8 +135,9 @@ def test_a_derived_secret_is_never_in_the_checkpoint_and_resumes_identically(tmp
     with pytest.raises(Exception, match="simulated crash"):
         Engine(cfg, source=CrashingSource(data, 40), releases=out.sink(),
                dead_letters=Collect().sink(), secret=secret).run()  # fmt: skip
-    ckpt = load_checkpoint(cfg.checkpoint.path, model_id="bank/p0")
-    assert ckpt.learner_state["secret"] is None
+    key = checkpoint_key(secret, "bank/p0")
+    ckpt = load_checkpoint(cfg.checkpoint.path, model_id="bank/p0", seal_key=key)
+    assert ckpt.sealed and ckpt.learner_state["secret"] is None
     assert ckpt.meta["secret_fingerprint"] == secret_fingerprint(secret)
     assert str(secret).encode() not in Path(cfg.checkpoint.path).read_bytes()
     engine = run(cfg, data, out, secret=secret)
@@ -146,7 +150,7 @@ def test_a_derived_secret_is_never_in_the_checkpoint_and_resumes_identically(tmp
 def test_a_checkpoint_written_under_another_master_is_refused(tmp_path):
     cfg, data = file_config(tmp_path), records(30, seed=6)
     run(cfg, data, Collect(), secret=partition_secret(MASTER, "bank/p0"))
-    with pytest.raises(StateError, match="another master secret"):
+    with pytest.raises(CheckpointKeyMismatch, match="another master secret"):
         run(cfg, data, Collect(), secret=partition_secret(MASTER ^ 1, "bank/p0"))
 
 

@@ -268,10 +268,15 @@ class CommitCycle:
     state : StateDir
     outputs : Outputs
     model_id : str
+    seal_key : bytes, optional
+        Seal every checkpoint under this key (a learner whose secret comes from a master).
     """
 
-    def __init__(self, state: StateDir, outputs: Outputs, model_id: str) -> None:
+    def __init__(
+        self, state: StateDir, outputs: Outputs, model_id: str, seal_key: bytes | None = None
+    ) -> None:
         self.state, self.outputs, self.model_id = state, outputs, model_id
+        self.seal_key = seal_key
         self.run_id: str | None = None
         self.run_created: float | None = None
         self.seq = 0
@@ -385,7 +390,13 @@ class CommitCycle:
 
     def save(self, learner_state: dict, positions: dict, meta: dict) -> None:
         """Write the checkpoint of the current cycle (atomic, 0600)."""
-        save_checkpoint(self.state.checkpoint, learner_state, positions, {**meta, **self.meta()})
+        save_checkpoint(
+            self.state.checkpoint,
+            learner_state,
+            positions,
+            {**meta, **self.meta()},
+            seal_key=self.seal_key,
+        )
 
     def checkpoint(self, learner_state: dict, positions: dict, meta: dict) -> None:
         """End a cycle: the next cycle number, and the checkpoint that holds the cycle."""

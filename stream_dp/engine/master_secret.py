@@ -107,17 +107,23 @@ def _distinct_limit(n: int) -> int:
     The limit is the largest ``k`` with ``P(at most k distinct) <= FALSE_ALARM / 3``: 8 for
     16 bytes, 19 for 32.
     """
+    k = 0
+    while k < n and _at_most_distinct(n, k + 1) <= _PER_TEST:
+        k += 1
+    return k
+
+
+@lru_cache
+def _at_most_distinct(n: int, k: int) -> Fraction:
+    """The probability that ``n`` uniform bytes take at most ``k`` distinct values (exact)."""
     stirling = [1] + [0] * n  # S(i, j) for the current i, j = 0..n
     for i in range(1, n + 1):
         stirling = [0] + [j * stirling[j] + stirling[j - 1] for j in range(1, i + 1)]
         stirling += [0] * (n - i)
-    k, total = 0, Fraction(0)
-    for j in range(1, n + 1):
-        total += Fraction(comb(256, j) * factorial(j) * stirling[j], 256**n)
-        if total > _PER_TEST:
-            break
-        k = j
-    return k
+    return sum(
+        (Fraction(comb(256, j) * factorial(j) * stirling[j], 256**n) for j in range(1, k + 1)),
+        Fraction(0),
+    )
 
 
 def master_weakness(digits: str) -> str | None:

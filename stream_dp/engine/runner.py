@@ -80,8 +80,8 @@ class Engine(RunStart, StatusReports):
         Stop after this many input messages (then commit and return).
     secret
         The learner's noise secret, derived from a master secret by the caller
-        (:mod:`stream_dp.engine.master_secret`). The checkpoints then hold only its
-        fingerprint -- never the secret -- and a checkpoint written under another secret is
+        (:mod:`stream_dp.engine.master_secret`). The checkpoints are then sealed under a key
+        derived from it and never hold the secret; a checkpoint sealed under another secret is
         refused. Default: the learner draws its own and keeps it in the checkpoint.
 
     Examples

@@ -24,7 +24,8 @@ partition learner, one release content per step.
 Secrets
 -------
 Each partition learner's secret is derived from the instances' shared master secret
-(:mod:`stream_dp.engine.master_secret`); checkpoints hold its fingerprint, never the secret.
+(:mod:`stream_dp.engine.master_secret`); checkpoints never hold the secret and are sealed
+under a key derived from it (:mod:`stream_dp.sealing`).
 
 Accounting
 ----------

@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from connectors.schema import ReleaseMessage
-from stream_dp.checkpoint import load_checkpoint
 from stream_dp.engine.builders import build_sink, build_source
 from stream_dp.engine.commit import (
     CHECKPOINTS,
@@ -29,6 +28,7 @@ from stream_dp.engine.commit import (
 )
 from stream_dp.engine.config import SinkConfig, same_cluster
 from stream_dp.engine.errors import Fenced, KafkaUnavailable, StateError
+from stream_dp.engine.master_secret import checkpoint_key, open_checkpoint
 
 __all__ = ["CHECKPOINT_MESSAGE_BYTES", "RunStart"]
 
@@ -108,7 +108,9 @@ class RunStart:
             and same_cluster(cfg.source, topic_cfg),
             state=self.state,
         )
-        self.cycle = CommitCycle(self.state, self.outputs, cfg.model.model_id)
+        model_id, secret = cfg.model.model_id, self._secret
+        seal_key = None if secret is None else checkpoint_key(secret, model_id)
+        self.cycle = CommitCycle(self.state, self.outputs, model_id, seal_key)
 
     # -- start-up ------------------------------------------------------------------------------
     def _restore(self) -> dict:
@@ -137,8 +139,9 @@ class RunStart:
     def _checkpoint_from_topic(self) -> None:
         """Put the learner's latest published checkpoint from the checkpoint topic in place.
 
-        The checkpoint's checksums and its header's model id (``<model>/p<k>``: model and
-        partition) are checked before it is used; a damaged or foreign one is refused.
+        The checkpoint must be sealed under the learner's key (derived from the master
+        secret), for its model id (``<model>/p<k>``: model and partition); its checksums are
+        checked before it is used. A damaged, unsealed or foreign one is refused.
         """
         from connectors.admin import latest_with_key
         from stream_dp.checkpoint import CheckpointError, write_private
@@ -161,11 +164,13 @@ class RunStart:
         candidate = state.checkpoint.with_name(state.checkpoint.name + ".from-topic")
         try:
             write_private(candidate, value)
-            load_checkpoint(
+            open_checkpoint(
                 candidate,
+                self._secret,
                 model_id=model_id,
                 learner_class=type(self.learner).__name__,
                 params=self.learner._get_params(),
+                from_topic=True,
             )
         except CheckpointError as err:
             candidate.unlink(missing_ok=True)
@@ -294,22 +299,15 @@ class RunStart:
 
     def _resume(self) -> dict:
         cfg, state = self.config, self.state
-        c = load_checkpoint(
+        c = open_checkpoint(
             state.checkpoint,
+            self._secret,
             model_id=cfg.model.model_id,
             learner_class=type(self.learner).__name__,
             params=self.learner._get_params(),
         )
         self.cycle.resume(c.meta)
         if self._secret is not None:
-            from stream_dp.engine.master_secret import secret_fingerprint
-
-            if c.meta.get("secret_fingerprint") != secret_fingerprint(self._secret):
-                raise StateError(
-                    f"checkpoint {state.checkpoint} of model {cfg.model.model_id!r} was written "
-                    "under another master secret: resuming would publish replayed steps with "
-                    "other noise. Start every instance with the same master secret"
-                )
             c.learner_state["secret"] = self._secret
         acc_state = self.learner.ledger_state(c.learner_state)
         if "journal" in acc_state:  # it lives beside the checkpoint, wherever that moved
