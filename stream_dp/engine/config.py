@@ -241,17 +241,19 @@ class ScaleConfig(_Strict):
     )
     master_secret_file: str | None = Field(
         None,
-        description="File holding the master secret (>= 128 bits, hex) from which every "
-        "partition learner's noise secret is derived. Required in per-partition mode unless "
-        "the environment variable master_secret_env holds it.",
+        description="File holding the master secret (>= 128 random bits, hex; one that fails "
+        "the weakness test is refused) from which every partition learner's noise secret and "
+        "checkpoint key are derived. Required in per-partition mode unless the environment "
+        "variable master_secret_env holds it.",
     )
     master_secret_env: str = Field("STREAM_DP_MASTER_SECRET", min_length=1)
     checkpoint_topic: str | None = Field(
         None,
         description="A compacted Kafka topic (on the release topic's cluster) that receives "
         "every partition learner's checkpoint, keyed by its model id, in the transaction that "
-        "publishes the cycle; an instance on an empty state directory resumes from it. It "
-        "holds raw records (the learners' buffers): give it the input topic's ACLs.",
+        "publishes the cycle; an instance on an empty state directory resumes from it. Its "
+        "messages are sealed under keys derived from the master secret: without the master "
+        "they show no record, noise state or model. Let only the instances write to it.",
     )
     session_timeout_ms: int = Field(
         10_000,

@@ -5,11 +5,14 @@ and a state directory; one is SIGKILLed mid-run and the survivor takes its parti
 after the group's session timeout; a third instance started afterwards takes partitions from
 the survivor in a rebalance. Every step of every partition learner is published, no step with
 two different contents, no record learned twice, and each partition's ledger equals an
-uninterrupted run's.
+uninterrupted run's. With a checkpoint topic, a second machine resumes from it; what the topic
+holds is sealed: a reader without the master finds no record, no noise state and no model, and
+a damaged, forged, unsealed or foreign checkpoint is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -19,15 +22,18 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from connectors import KafkaSink
-from stream_dp.checkpoint import load_checkpoint
+from stream_dp.checkpoint import CheckpointKeyMismatch, CheckpointMismatch, load_checkpoint
 from stream_dp.engine.config import EngineConfig
+from stream_dp.engine.master_secret import checkpoint_key, partition_secret
 from stream_dp.engine.scaleout import ScaleOut
 from stream_dp.online import OnPairStrC
 from stream_dp.privacy import accountant_from_dict
+from stream_dp.sealing import open_sealed, sealed_context
 
 from .kafka_broker import KafkaBroker
 from .test_engine_kafka import (
@@ -42,7 +48,8 @@ from .test_engine_kafka import (
 
 pytestmark = pytest.mark.kafka
 
-MASTER = "5e" * 32
+MASTER = "3b0d8c4f1e97a26d5c08fe41b7a9362e9f41c07e2ab85d36e1f4097bc25a8d63"
+OTHER_MASTER = "c6a1f0e93d27b84e5f16a0d9c83b72e4a05f9d1b6e38c27af4d0b95e1c63a872"
 PARTITIONS = 4
 SESSION_MS = 6000
 
@@ -60,14 +67,14 @@ def _config(tmp: Path, bootstrap: str, names: dict, instance: str) -> dict:
     return cfg
 
 
-def _start(tmp: Path, cfg: dict, instance: str) -> subprocess.Popen:
+def _start(tmp: Path, cfg: dict, instance: str, master: str = MASTER) -> subprocess.Popen:
     path = tmp / f"engine-{instance}.toml"
     _write_toml(path, cfg)
     return subprocess.Popen(
         [sys.executable, "-m", "stream_dp.cli", "run", "--config", str(path)],
         stdout=(tmp / f"engine-{instance}.log").open("ab"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "STREAM_DP_MASTER_SECRET": MASTER},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "STREAM_DP_MASTER_SECRET": master},
     )
 
 
@@ -80,8 +87,18 @@ def _partition_sizes(bootstrap: str, topic: str, partitions: int = PARTITIONS) -
         consumer.close()
 
 
-def _ledger(state: Path, model: str, k: int):
-    ckpt = load_checkpoint(state / f"p{k}" / "model.ckpt", model_id=f"{model}/p{k}")
+def _key(model: str, k: int, master: str = MASTER) -> bytes:
+    """The key that seals partition ``k``'s checkpoints."""
+    learner = f"{model}/p{k}"
+    return checkpoint_key(partition_secret(int(master, 16), learner), learner)
+
+
+def _load(path: Path, model: str, k: int, master: str = MASTER):
+    return load_checkpoint(path, model_id=f"{model}/p{k}", seal_key=_key(model, k, master))
+
+
+def _ledger(state: Path, model: str, k: int, master: str = MASTER):
+    ckpt = _load(state / f"p{k}" / "model.ckpt", model, k, master)
     return ckpt, accountant_from_dict(OnPairStrC.ledger_state(ckpt.learner_state))
 
 
@@ -181,11 +198,11 @@ def test_two_instances_one_killed_then_a_third_joins(
                  "releases": unique_name("releases"), "dead": unique_name("dead")}  # fmt: skip
     ref_cfg = _config(tmp_path / "ref", bootstrap, ref_names, "ref")
     ref_cfg["source"]["max_idle_seconds"] = 4.0
-    reference = ScaleOut(EngineConfig.model_validate(ref_cfg), master_secret=int(MASTER, 16) ^ 1)
+    reference = ScaleOut(EngineConfig.model_validate(ref_cfg), master_secret=int(OTHER_MASTER, 16))
     reference.run()
     for k in range(PARTITIONS):
         _, ledger = _ledger(state, model, k)
-        ref_ckpt, ref_ledger = _ledger(tmp_path / "ref" / "state", model + "-ref", k)
+        ref_ckpt, ref_ledger = _ledger(tmp_path / "ref" / "state", model + "-ref", k, OTHER_MASTER)
         assert ref_ckpt.learner_state["t"] == sizes[k]
         assert ledger.ledger == ref_ledger.ledger
         assert ledger.rho_spent() == ref_ledger.rho_spent()
@@ -201,8 +218,8 @@ def _machine(tmp_path: Path, bootstrap: str, names: dict, name: str) -> tuple[Pa
     return home, cfg
 
 
-def _run_to_end(home: Path, cfg: dict, name: str) -> tuple[int, str]:
-    proc = _start(home, cfg, name)
+def _run_to_end(home: Path, cfg: dict, name: str, master: str = MASTER) -> tuple[int, str]:
+    proc = _start(home, cfg, name, master)
     try:
         rc = proc.wait(timeout=180)
     finally:
@@ -248,24 +265,101 @@ def test_an_empty_state_directory_resumes_from_the_checkpoint_topic_and_tamperin
     for k in range(2):
         steps = [m["step"] for m in committed if m["model_id"] == f"{model}/p{k}"]
         assert steps == list(range(1, sizes[k] + 1)), f"partition {k}: each step once"
-        ckpt = load_checkpoint(home2 / "state" / f"p{k}" / "model.ckpt", model_id=f"{model}/p{k}")
+        ckpt = _load(home2 / "state" / f"p{k}" / "model.ckpt", model, k)
         assert ckpt.learner_state["t"] == sizes[k] and ckpt.learner_state["secret"] is None
 
-    # A checkpoint tampered with in the topic, and one of another partition under p0's key.
+    # Put in the topic under p0's key: a checkpoint with a flipped bit; the same flip with the
+    # checksum recomputed (a forgery); the genuine checkpoint unsealed, as an older version or
+    # anyone who can write to the topic would put it there; p1's checkpoint; then the genuine
+    # one, read by an instance started with another master.
     latest = {
         k: latest_with_key(bootstrap, names["checkpoints"], f"{model}/p{k}".encode())
         for k in range(2)
     }
     flipped = bytearray(latest[0])
     flipped[len(flipped) // 2] ^= 0x01
-    cases = [(bytes(flipped), "tampered", "corrupted"), (latest[1], "p1's", "belongs to model")]
-    for bad, why, reason in cases:
+    forged = bytes(flipped[:-32]) + hashlib.sha256(flipped[:-32]).digest()
+    unsealed = open_sealed(_key(model, 0), f"{model}/p0", latest[0])
+    cases = [
+        (bytes(flipped), "tampered", "corrupted", MASTER),
+        (forged, "forged", "does not authenticate", MASTER),
+        (unsealed, "unsealed", "is not sealed", MASTER),
+        (latest[1], "p1's", "belongs to model", MASTER),
+        (latest[0], "another master's", "sealed under another master secret", OTHER_MASTER),
+    ]
+    for i, (bad, why, reason, master) in enumerate(cases):
         with KafkaSink(names["checkpoints"], bootstrap) as sink:
             sink.send(f"{model}/p0", bad)
             sink.flush()
-        home3, cfg3 = _machine(tmp_path, bootstrap, names, f"m3-{len(why)}")
-        rc, text = _run_to_end(home3, cfg3, f"m3-{len(why)}")
+        home3, cfg3 = _machine(tmp_path, bootstrap, names, f"m3-{i}")
+        rc, text = _run_to_end(home3, cfg3, f"m3-{i}", master)
         assert rc == 3, (why, text[-2000:])
         last = text.strip().splitlines()[-1]
         assert "in topic" in last and "is refused" in last and reason in last, (why, last)
         assert not (home3 / "state" / "p0" / "model.ckpt").exists()
+
+
+CANARY = "canary-5d1e-raw-payload"
+
+
+def test_the_checkpoint_topic_shows_no_record_no_noise_state_no_model_without_the_master(
+    kafka_broker: KafkaBroker, unique_name, tmp_path
+):
+    """OnPairMF on two partitions with a checkpoint topic. Every message of the topic (aborted
+    transactions included) is searched for the float64 bytes of each learner's buffered records,
+    un-noised iterate and BLT noise state, and for a rejected record's raw payload: none is
+    found, although each is in the checkpoints inside the envelopes (the control). Without the
+    master a message does not open; with another master it does not authenticate."""
+    bootstrap = kafka_broker.bootstrap
+    names = {**names_for(unique_name), "checkpoints": unique_name("checkpoints")}
+    create_topic(bootstrap, names["input"], partitions=2)
+    values = [json.dumps(valid_record(i)).encode() for i in range(2000)]
+    for i in range(5):  # rejected records: dead letters, in the outbox of their cycle
+        values.insert(300 * i + 7, json.dumps({"x": {"a": f"{CANARY}-{i}"}, "y": 1}).encode())
+    with KafkaSink(names["input"], bootstrap) as sink:
+        for i, v in enumerate(values):
+            sink.send(f"record-{i}", v)
+        sink.flush()
+    home, cfg = _machine(tmp_path, bootstrap, names, "m1")
+    cfg["model"] = {
+        "algorithm": "OnPairMF",
+        "task": "auc",
+        "epsilon": 2.0,
+        "delta": 1e-5,
+        "buffer": 32,
+        "features": cfg["model"]["features"],
+        "model_id": names["model"],
+    }
+    rc, text = _run_to_end(home, cfg, "m1")
+    assert rc == 0, text[-3000:]
+
+    model = names["model"]
+    needles: dict[str, list[bytes]] = {}
+    for k in range(2):
+        c = _load(home / "state" / f"p{k}" / "model.ckpt", model, k)
+        state, mech = c.learner_state, c.learner_state["mechanism"]
+        assert state["t"] > 500 and np.abs(mech["noise"]["buffers"]).sum() > 0
+        for what, arrays in (
+            ("buffered records", [state["buffer"]["X"]]),
+            ("the un-noised iterate", [state["w"], mech["average"]]),
+            ("the noise state", [mech["noise"]["buffers"]]),
+        ):
+            needles.setdefault(what, []).extend(
+                np.float64(v).tobytes() for a in arrays for v in np.ravel(a)
+            )
+    raw = read_all(bootstrap, names["checkpoints"])  # aborted transactions included
+    assert len(raw) >= 4
+    inside = b"".join(open_sealed(_key(model, int(sealed_context(m)[-1])), sealed_context(m), m)
+                      for m in raw)  # fmt: skip
+    needles["a rejected record"] = [CANARY.encode()]
+    for what, found in needles.items():
+        assert all(n in inside for n in found), f"the control misses {what}"
+        assert not [n for m in raw for n in found if n in m], f"the topic shows {what}"
+
+    probe = tmp_path / "probe.ckpt"
+    probe.write_bytes(raw[-1])
+    k = int(sealed_context(raw[-1])[-1])
+    with pytest.raises(CheckpointMismatch, match="is sealed"):
+        load_checkpoint(probe)
+    with pytest.raises(CheckpointKeyMismatch, match="another master secret"):
+        load_checkpoint(probe, seal_key=_key(model, k, OTHER_MASTER))
