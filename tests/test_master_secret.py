@@ -7,11 +7,11 @@ is documented to catch are refused in one line that does not repeat the secret.
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pytest
+from test_scaleout import kafka_config, write_toml
 
 from stream_dp.cli import main as cli_main
 from stream_dp.engine.master_secret import (
@@ -112,24 +112,8 @@ def test_a_master_must_be_plain_hexadecimal(monkeypatch):
 
 def test_the_cli_refuses_a_weak_master_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("STREAM_DP_MASTER_SECRET", "0" * 31 + "7")
-    cfg = {
-        "model": {"features": ["a"], "model_id": "bank"},
-        "source": {
-            "kind": "kafka",
-            "topic": "t",
-            "bootstrap_servers": "127.0.0.1:1",
-            "group_id": "g",
-        },  # fmt: skip
-        "releases": {"kind": "kafka", "topic": "r", "bootstrap_servers": "127.0.0.1:1"},
-        "dead_letters": {"kind": "stdout"},
-        "checkpoint": {"path": str(tmp_path / "state" / "m.ckpt")},
-        "scale": {"mode": "per-partition"},
-    }
     path = tmp_path / "e.toml"
-    lines = []
-    for section, body in cfg.items():
-        lines += [f"[{section}]", *(f"{k} = {json.dumps(v)}" for k, v in body.items())]
-    path.write_text("\n".join(lines) + "\n")
+    write_toml(path, kafka_config(tmp_path))
     assert cli_main(["run", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "refused as guessable" in err[0], err
