@@ -13,11 +13,11 @@ Format (version 1)::
 
 The magic, version and context are the AEAD's associated data: authenticated, not encrypted,
 so a reader can say whose envelope it holds before opening it. The nonce is 96 random bits,
-fresh for every seal (NIST SP 800-38D, section 8.2.2: at most 2**32 seals per key keep the
-chance of a repeated nonce below 2**-32; a partition learner seals once per commit cycle). The
-trailing SHA-256 is not a security feature -- anyone can recompute it -- but it tells accidental
-damage (a truncated or bit-flipped copy) from an envelope sealed under another key, which the
-AEAD's tag alone cannot tell apart.
+fresh for every seal (NIST SP 800-38D, sections 8.2.2 and 8.3: at most 2**32 seals per key
+keep the chance of a repeated nonce below 2**-32; a partition learner seals once per commit
+cycle). The trailing SHA-256 is not a security feature -- anyone can recompute it -- but it
+tells accidental damage (a truncated or bit-flipped copy) from an envelope sealed under another
+key, which the AEAD's tag alone cannot tell apart.
 
 The cipher is pyca ``cryptography``'s AES-GCM (OpenSSL underneath), with a 128-, 192- or 256-bit
 key.
