@@ -14,9 +14,9 @@ metric section averages over splits (one secret each). δ = 1e-5. Sections:
    (:mod:`stream_dp.privacy.gdp`), and the exact ε of today's charge.
 2. **AUC.** Test AUC of the served model for OnPairMF *today* (only ε, δ, horizon and features
    set; reproduced bit for bit by the prototype, see ``accuracy_lab.run_auc``) and for the
-   *proposed* rules (exact accounting; pair differences clipped to ``τ = R/2``; the capped
-   logistic pair loss, slope ≤ ½; the radius rule ``R·D = max(1/4, z²/100)`` of the stream's
-   capacity z). bank and Pima are the issue's targets; breast cancer is held
+   *proposed* rules (exact accounting; records clipped to R = 0.5; the capped logistic pair
+   loss, slope ≤ ½; the radius rule ``R·D = max(1/8, z²/200)`` of the stream's capacity z).
+   bank and Pima are the issue's targets; breast cancer is held
    out (the rules were not tuned on it). References: the same learner without noise at
    D → ∞, and scikit-learn's LogisticRegression on the same clipped stream (non-private).
 3. **Small streams.** bank cut to 800 streamed records: how often the served model is inverted

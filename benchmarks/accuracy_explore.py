@@ -12,7 +12,11 @@ test AUC over splits k = 0 … S−1 (``prepare(name, seed=2020 + k)``, noise se
     python benchmarks/accuracy_explore.py --section cap         # the capped logistic (both)
     python benchmarks/accuracy_explore.py --section rule        # D grid × n × ε: the rule's data
     python benchmarks/accuracy_explore.py --section pair-clip   # record clip R vs pair clip τ
+    python benchmarks/accuracy_explore.py --section pair-bound  # the clipped pair's two-sided bound
     python benchmarks/accuracy_explore.py --section diag-sgd    # diagonal metric by private SGD
+    python benchmarks/accuracy_explore.py --section metric-snr  # its signal against its noise
+    python benchmarks/accuracy_explore.py --section fisher      # the class-statistics metric
+    python benchmarks/accuracy_explore.py --section fisher-heldout  # its constants, other data
 
 Nothing here reads the test split except to score, and no knob is chosen from the streamed
 records: the sweeps are the research, the rule they led to is a function of (n, d, ε, δ, R).
@@ -87,6 +91,12 @@ def precond():
 
 
 def clip():
+    for name in ("bank", "pima", "breast_cancer"):
+        norms = np.linalg.norm(L.split(name, 0)[0], axis=1)
+        print(
+            f"{name} split 0: median record norm {np.median(norms):.2f}; clipped at R = 0.5: "
+            f"{(norms > 0.5).mean():.0%}, at R = 1: {(norms > 1).mean():.0%}"
+        )
     D = 1e4
     for R in (1.0, 0.5, 0.3, 0.2):
         L.show(
@@ -191,6 +201,98 @@ def pair_clip():
             L.show(f"{name} {label}", out)
 
 
+def pair_bound():
+    # Random search for the largest two-sided difference of a clipped AUC pair term, in units of
+    # the bound 2·s_max·min(2τ, 2R) (docs: accuracy.md, D2). Must stay ≤ 1; reaching 1 shows
+    # the one-sided bound 2·s_max·τ would be too small.
+    rng = np.random.default_rng(0)
+    R, tau, smax = 1.0, 0.5, 0.5
+
+    def clip(v, t):
+        n = np.linalg.norm(v)
+        return v if n <= t else v * t / n
+
+    worst = 0.0
+    for _ in range(200_000):
+        xi, xpi, xj = (clip(rng.normal(size=3) * rng.uniform(0, 2), R) for _ in range(3))
+        if rng.random() < 0.3:
+            xj, xpi = -xi * rng.uniform(0, 1), -xi
+        a = rng.uniform(0, smax) if rng.random() < 0.5 else rng.choice([0.0, smax])
+        b = rng.choice([0.0, smax])
+        val = 2 * np.linalg.norm(a * clip(xi - xj, tau) - b * clip(xpi - xj, tau))
+        worst = max(worst, val / (2 * smax * min(2 * tau, 2 * R)))
+    print(f"largest two-sided term / 2·s_max·min(2τ, 2R): {worst:.6f} (one-sided bound: 0.5)")
+
+
+def metric_snr():
+    from stream_dp.online.onpairmf import window_rule
+    from stream_dp.privacy.gdp import rho_budget
+    from stream_dp.privacy.influence import window_pattern
+    from stream_dp.privacy.mf import MFMechanism, make_factorization
+
+    for name in ("breast_cancer", "pima"):
+        Xs, ys, _, _ = L.metric_split(name, 0)
+        for R, tau_m, cap in ((1.0, None, 1.0), (0.5, 4.0, 0.5), (0.5, 2.0, 0.5)):
+            X = L.clip_rows(Xs, R)
+            n, d = X.shape
+            B = window_rule(n)
+            tau = 4 * R * R if tau_m is None else tau_m * R * R / math.sqrt(d)
+            s = np.zeros(d)
+            for t in range(n):
+                lo = max(0, t - B)
+                V = (X[t] - X[lo:t]) ** 2
+                nv = np.linalg.norm(V, axis=1)
+                V = V * np.minimum(1, tau / np.maximum(nv, 1e-300))[:, None]
+                c = np.where(ys[lo:t] == ys[t], 1.0, -1.0)
+                s += (np.minimum(cap, 1 / (1 + np.exp(c))) * c) @ V / B  # gradient sum at w = 0
+            pattern = window_pattern(B, B, L.metric_bounds(R, 1.0, cap, tau))
+            mf = MFMechanism(make_factorization("blt", n), pattern, n, rho_budget(4.0, 1e-5), d)
+            noise = mf.prefix_noise_std(n) * math.sqrt(d)
+            print(
+                f"{name} R={R} τ={tau_m}·R²/√d cap={cap}: ‖Σg‖ {np.linalg.norm(s):.2f}, "
+                f"contrast ‖Σg − mean‖ {np.linalg.norm(s - s.mean()):.2f}, final noise norm "
+                f"at ε = 4 {noise:.2f}"
+            )
+
+
+def fisher():
+    for name in ("breast_cancer", "pima"):
+        res: dict[str, list[float]] = {}
+        for k in range(10):
+            Xs, ys, Xt, yt = L.metric_split(name, k)
+            d = Xs.shape[1]
+            res.setdefault("Euclidean", []).append(L.knn_accuracy(np.ones(d), Xs, ys, Xt, yt))
+            for eps in (None, 1.0, 4.0):
+                for t in (1.0, 4.0, 9.0):
+                    for pw in (0.5, 1.0):
+                        w, _ = L.fisher_diag_metric(
+                            Xs, ys, epsilon=eps, seed=k, R=0.5, threshold=t, power=pw
+                        )
+                        key = f"ε={eps} threshold={t} power={pw}"
+                        res.setdefault(key, []).append(L.knn_accuracy(w, Xs, ys, Xt, yt))
+        print(name)
+        for key, v in res.items():
+            print(f"  {key:36s} mean {np.mean(v):.4f} (min {np.min(v):.4f})")
+
+
+def fisher_heldout():
+    # The constants chosen by `fisher` (threshold 9, power ½) on data they were not chosen on.
+    for name, S in (("hepatitis", 10), ("bank", 3)):
+        res: dict[str, list[float]] = {}
+        for k in range(S):
+            Xs, ys, Xt, yt = L.metric_split(name, k)
+            d = Xs.shape[1]
+            res.setdefault("Euclidean", []).append(L.knn_accuracy(np.ones(d), Xs, ys, Xt, yt))
+            for eps in (None, 1.0, 4.0):
+                w, _ = L.fisher_diag_metric(
+                    Xs, ys, epsilon=eps, seed=k, R=0.5, threshold=9.0, power=0.5
+                )
+                res.setdefault(f"ε={eps}", []).append(L.knn_accuracy(w, Xs, ys, Xt, yt))
+        print(f"{name} + 20 irrelevant columns, {S} splits")
+        for key, v in res.items():
+            print(f"  {key:12s} mean {np.mean(v):.4f} (min {np.min(v):.4f})")
+
+
 def diag_sgd():
     for name in ("breast_cancer", "pima"):
         res: dict[str, list[float]] = {}
@@ -229,7 +331,12 @@ SECTIONS = {
     "pima": pima,
     "cap": cap,
     "rule": rule,
+    "pair-clip": pair_clip,
+    "pair-bound": pair_bound,
     "diag-sgd": diag_sgd,
+    "metric-snr": metric_snr,
+    "fisher": fisher,
+    "fisher-heldout": fisher_heldout,
 }
 
 

@@ -491,9 +491,10 @@ def fisher_diag_metric(
 
 # -- the proposed rule ----------------------------------------------------------------------------
 
-#: Proposed defaults (issue 20): slope cap of the logistic pair loss, pair-difference clip τ/R.
+#: Proposed defaults (issue 20): the data radius (records clipped to ‖x‖ ≤ R) and the slope cap
+#: of the logistic pair loss.
+PROPOSED_R = 0.5
 PROPOSED_CAP = 0.5
-PROPOSED_PAIR_CLIP = 0.5
 
 
 def capacity(
@@ -502,29 +503,27 @@ def capacity(
     epsilon: float,
     delta: float = 1e-5,
     window: int | None = None,
-    R: float = 1.0,
+    R: float = PROPOSED_R,
     cap: float = PROPOSED_CAP,
-    pair_clip: float | None = PROPOSED_PAIR_CLIP,
 ) -> float:
     """``z = n·(T/2) / (σ·√(E_n)·√d)``: the noise-free gradient sum of a stream whose every step
     carried half the largest pair term T, in units of the final prefix noise's norm. A function
-    of (n, d, ε, δ) and the mechanism only — public — and scale-free (σ ∝ T)."""
+    of (n, d, ε, δ) and the mechanism only — public — and scale-free (σ ∝ T ∝ R)."""
     B = window_rule(n) if window is None else int(window)
-    ptau = None if pair_clip is None else pair_clip * R
-    mf = mechanism(n, B, 1.0, epsilon, delta, "gdp", d, R=R, cap=cap, ptau=ptau)
+    mf = mechanism(n, B, 1.0, epsilon, delta, "gdp", d, R=R, cap=cap)
     return n * (mf.pattern[0] / 2.0) / (mf.prefix_noise_std(n) * math.sqrt(d))
 
 
-def radius_rule(z: float, R: float = 1.0) -> float:
-    """``R·D = max(1/4, z²/100)``: the linear regime (small R·D: every valid pair's gradient at
+def radius_rule(z: float, R: float = PROPOSED_R) -> float:
+    """``R·D = max(1/8, z²/200)``: the linear regime (small R·D: every valid pair's gradient at
     the cap) while the noise is large, the logistic regime (large R·D: the loss refines the
     direction) once the stream's capacity z allows it."""
-    return max(0.25, z * z / 100.0) / R
+    return max(0.125, z * z / 200.0) / R
 
 
-def run_proposed(X, y, *, epsilon, delta=1e-5, seed=0, model_id="lab", R=1.0):
+def run_proposed(X, y, *, epsilon, delta=1e-5, seed=0, model_id="lab"):
     n, d = np.asarray(X).shape
-    D = 1e4 if epsilon is None else radius_rule(capacity(n, d, epsilon, delta), R)
+    D = 1e4 if epsilon is None else radius_rule(capacity(n, d, epsilon, delta))
     return run_auc(
         X,
         y,
@@ -532,9 +531,8 @@ def run_proposed(X, y, *, epsilon, delta=1e-5, seed=0, model_id="lab", R=1.0):
         delta=delta,
         seed=seed,
         D=D,
-        R=R,
+        R=PROPOSED_R,
         cap=PROPOSED_CAP,
-        ptau=PROPOSED_PAIR_CLIP * R,
         accounting="gdp",
         model_id=model_id,
     )
