@@ -1,7 +1,7 @@
 """Issue 20 (accuracy): OnPairMF's defaults against the proposed rules, and a private metric.
 
-Run from the repository root (about 10 minutes on two busy cores; numba compiles the
-prototype kernels on the first run)::
+Run from the repository root (about 4 minutes on two busy cores, more the first time: numba
+compiles the prototype kernels)::
 
     python benchmarks/accuracy.py --out benchmarks/results/accuracy_tables.md
 
@@ -13,7 +13,7 @@ metric section averages over splits (one secret each). δ = 1e-5. Sections:
 1. **Accounting.** σ of OnPairMF's one charge on the zCDP route and on the exact GDP curve
    (:mod:`stream_dp.privacy.gdp`), and the exact ε of today's charge.
 2. **AUC.** Test AUC of the served model for OnPairMF *today* (only ε, δ, horizon and features
-   set; reproduced bit for bit by the prototype, see ``accuracy_lab.run_auc``) and for the
+   set; reproduced to 1e-16 by the prototype, see ``accuracy_lab.run_auc``) and for the
    *proposed* rules (exact accounting; records clipped to R = 0.5; the capped logistic pair
    loss, slope ≤ ½; the radius rule ``R·D = max(1/8, z²/200)`` of the stream's capacity z).
    bank and Pima are the issue's targets; breast cancer is held
