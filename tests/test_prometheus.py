@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from stream_dp.engine.metrics_snapshot import DPOperatorMetrics, EngineSnapshot, LearnerSnapshot
-from stream_dp.engine.prometheus import METRICS, MetricsServer, MetricsUnavailable, render
+from stream_dp.engine.prometheus import (
+    METRICS,
+    MetricsServer,
+    MetricsUnavailable,
+    render,
+    require_client,
+)
 
 parser = pytest.importorskip("prometheus_client.parser")
 
@@ -286,6 +292,8 @@ def test_without_the_client_library_the_error_names_the_extra(monkeypatch) -> No
         server.start()
     with pytest.raises(MetricsUnavailable, match="prometheus_client"):
         render(EngineSnapshot.starting("bank"))
+    with pytest.raises(MetricsUnavailable, match=re.escape("stream-dp[metrics]")):
+        require_client()
 
 
 # --- nothing computed from raw records --------------------------------------------------------

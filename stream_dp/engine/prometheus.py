@@ -28,7 +28,14 @@ from typing import Any, Literal
 
 from stream_dp.engine.metrics_snapshot import EngineSnapshot, LearnerSnapshot
 
-__all__ = ["METRICS", "MetricSpec", "MetricsServer", "MetricsUnavailable", "render"]
+__all__ = [
+    "METRICS",
+    "MetricSpec",
+    "MetricsServer",
+    "MetricsUnavailable",
+    "render",
+    "require_client",
+]
 
 #: The extra that installs the client library.
 INSTALL_HINT = 'pip install "stream-dp[metrics]"'
@@ -189,8 +196,16 @@ METRICS: tuple[MetricSpec, ...] = (
 )  # fmt: skip
 
 
-def _client() -> Any:
-    """The ``prometheus_client`` module, or :class:`MetricsUnavailable` saying how to get it."""
+def require_client() -> Any:
+    """The ``prometheus_client`` module, or :class:`MetricsUnavailable` saying how to get it
+    (a config that asks for the endpoint can be checked with it before the engine starts).
+
+    Examples
+    --------
+    >>> require_client().__name__
+    'prometheus_client'
+
+    """
     try:
         import prometheus_client
     except ImportError:
@@ -228,7 +243,7 @@ class _SnapshotCollector:
 
 def _registry(collector: _SnapshotCollector) -> Any:
     # Its own registry: only METRICS, none of the library's default collectors.
-    registry = _client().CollectorRegistry(auto_describe=False)
+    registry = require_client().CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return registry
 
@@ -243,7 +258,7 @@ def render(snapshot: EngineSnapshot) -> str:
     ['stream_dp_up{model_id="bank"} 0.0']
 
     """
-    return _client().generate_latest(_registry(_SnapshotCollector(snapshot))).decode()
+    return require_client().generate_latest(_registry(_SnapshotCollector(snapshot))).decode()
 
 
 class MetricsServer:
@@ -306,7 +321,7 @@ class MetricsServer:
         library is missing."""
         if self._httpd is not None:
             return self
-        client = _client()
+        client = require_client()
         registry = _registry(self._collector)
         try:
             self._httpd, self._thread = client.start_http_server(
