@@ -1,4 +1,4 @@
-"""Checking the kafka-python settings a caller passes to a source, sink or publisher (private)."""
+"""Checking the settings a caller passes to a source, sink or publisher (private)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ __all__ = ["client_settings", "crc32c_in_c", "release_compression"]
 
 
 def client_settings(
-    client: type,
+    client: Any,
+    role: str,
     owner: str,
     fixed: frozenset[str],
     config: Mapping[str, Any] | None,
@@ -19,8 +20,11 @@ def client_settings(
 
     Parameters
     ----------
-    client : type
-        ``KafkaConsumer`` or ``KafkaProducer`` (its ``DEFAULT_CONFIG`` lists what exists).
+    client : connectors.transport.Client
+        Knows which settings exist (kafka-python's names; librdkafka's dotted names too on
+        confluent-kafka).
+    role : str
+        ``"KafkaConsumer"`` or ``"KafkaProducer"``: whose settings these are.
     owner : str
         Named in the error, e.g. ``"KafkaSink"``.
     fixed : frozenset of str
@@ -31,24 +35,25 @@ def client_settings(
     Raises
     ------
     TypeError
-        A setting ``client`` does not know (a typo must not pass silently).
+        A setting the client does not know (a typo must not pass silently).
     ValueError
         A setting ``owner`` manages.
 
     Examples
     --------
-    >>> from kafka import KafkaProducer
-    >>> client_settings(KafkaProducer, "X", frozenset({"acks"}), {"linger_ms": 5}, {})
+    >>> from connectors.transport import client
+    >>> kp = client("kafka-python")
+    >>> client_settings(kp, "KafkaProducer", "X", frozenset({"acks"}), {"linger_ms": 5}, {})
     {'linger_ms': 5}
-    >>> client_settings(KafkaProducer, "X", frozenset({"acks"}), {"acks": 1}, {})
+    >>> client_settings(kp, "KafkaProducer", "X", frozenset({"acks"}), {"acks": 1}, {})
     Traceback (most recent call last):
     ...
     ValueError: X manages these settings itself: ['acks']
     """
     extra = {**(config or {}), **security}
-    unknown = sorted(set(extra) - set(client.DEFAULT_CONFIG))
+    unknown = client.unknown_settings(role, extra)
     if unknown:
-        raise TypeError(f"unknown {client.__name__} setting(s): {unknown}")
+        raise TypeError(f"unknown {role} setting(s) for {client.name}: {unknown}")
     managed = sorted(set(extra) & fixed)
     if managed:
         raise ValueError(f"{owner} manages these settings itself: {managed}")
@@ -63,14 +68,22 @@ def crc32c_in_c() -> bool:
     return util.crc32c_c is not None
 
 
-def release_compression() -> str | None:
+def release_compression(client: str = "kafka-python") -> str | None:
     """The compression of the engine's release batches: none when CRC32C runs in C, else gzip.
 
-    kafka-python stamps every batch it produces with a CRC32C. In pure Python that costs more
-    per byte than gzip (standard library) saves, and releases repeat their header and feature
-    names, so gzip shrinks them several times. With the C CRC32C the checksum is nearly free
-    and gzip (level 9, in Python's ``GzipFile``) would be the larger cost. Both measured with
-    ``benchmarks/kafka_e2e.py`` (``docs/performance.md``, "Kafka end to end"); consumers
-    decompress either way without being told.
+    Every produced batch carries a CRC32C. kafka-python computes it in pure Python unless the
+    ``crc32c`` package is installed, and then it costs more per byte than gzip (standard
+    library) saves: releases repeat their header and feature names, so gzip shrinks them several
+    times. With a CRC32C in C (the ``crc32c`` package, or librdkafka on ``confluent-kafka``) the
+    checksum is nearly free and gzip (level 9, in Python's ``GzipFile`` on kafka-python) would be
+    the larger cost. Both measured with ``benchmarks/kafka_e2e.py`` (``docs/performance.md``,
+    "Kafka end to end"); consumers decompress either way without being told.
+
+    Examples
+    --------
+    >>> release_compression("confluent-kafka") is None
+    True
     """
+    if client != "kafka-python":
+        return None
     return None if crc32c_in_c() else "gzip"

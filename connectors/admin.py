@@ -15,6 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from . import transport
+from .transport import DEFAULT_CLIENT, Client, TopicAdmin
+
 __all__ = [
     "KafkaProblem",
     "connect",
@@ -32,7 +35,7 @@ class KafkaProblem(RuntimeError):
 
 
 class _Capture(logging.Handler):
-    """Takes kafka-python's WARNING+ lines while a probe runs: they become its diagnosis."""
+    """Takes the Kafka client's WARNING+ lines while a probe runs: they become its diagnosis."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -77,9 +80,10 @@ def connect(
     *,
     timeout_s: float = 20.0,
     what: str = "Kafka",
+    client: str | Client = DEFAULT_CLIENT,
     **security: Any,
-) -> Any:
-    """A ``KafkaAdminClient`` connected within ``timeout_s``, or a :class:`KafkaProblem`.
+) -> TopicAdmin:
+    """An admin client connected within ``timeout_s``, or a :class:`KafkaProblem`.
 
     Parameters
     ----------
@@ -89,6 +93,8 @@ def connect(
     what : str
         Names the configuration the servers come from, for the diagnosis
         (e.g. ``"source.bootstrap_servers"``).
+    client : str, default "kafka-python"
+        The Kafka client (:mod:`connectors.transport`).
     **security
         ``security_protocol``, ``ssl_cafile``, ``sasl_mechanism``, ...
 
@@ -106,8 +112,7 @@ def connect(
     ...     print(err)  # doctest: +ELLIPSIS
     cannot reach Kafka at 127.0.0.1:1 (source.bootstrap_servers): ...: Connection refused; ...
     """
-    from kafka import KafkaAdminClient
-
+    kafka = transport.client(client)
     servers = _servers(bootstrap_servers)
     if not servers:
         raise KafkaProblem(f"{what} is empty")
@@ -123,13 +128,13 @@ def connect(
     left = max(2.0, timeout_s - (time.monotonic() - started))
     capture = _Capture()
     kafka_log = logging.getLogger("kafka")
-    # While probing, kafka-python's lines go to the diagnosis only, not to the log as well.
+    # While probing, the client's lines go to the diagnosis only, not to the log as well.
     saved = kafka_log.propagate, kafka_log.level
     kafka_log.propagate = False
     kafka_log.setLevel(logging.WARNING)
     kafka_log.addHandler(capture)
     try:
-        return KafkaAdminClient(
+        return kafka.admin(
             bootstrap_servers=servers,
             bootstrap_timeout_ms=int(left * 1000),
             request_timeout_ms=int(min(left, 15.0) * 1000),
@@ -154,7 +159,7 @@ def connect(
         kafka_log.setLevel(saved[1])
 
 
-def topic_partitions(admin: Any, topics: Sequence[str]) -> dict[str, int | None]:
+def topic_partitions(admin: TopicAdmin, topics: Sequence[str]) -> dict[str, int | None]:
     """Number of partitions of each topic (None: the topic does not exist).
 
     Raises
@@ -162,22 +167,16 @@ def topic_partitions(admin: Any, topics: Sequence[str]) -> dict[str, int | None]
     KafkaProblem
         The cluster refuses to describe a topic (not authorised, invalid name).
     """
-    from kafka.errors import for_code
-
     out: dict[str, int | None] = {}
-    for t in admin.describe_topics(list(topics)):
-        err = for_code(t["error_code"])
-        if err.__name__ == "UnknownTopicOrPartitionError":
-            out[t["name"]] = None
-        elif t["error_code"]:
-            raise KafkaProblem(f"cannot describe topic {t['name']!r}: {err.__name__}")
-        else:
-            out[t["name"]] = len(t["partitions"])
+    for name, found in admin.topic_partitions(list(topics)).items():
+        if isinstance(found, str):
+            raise KafkaProblem(f"cannot describe topic {name!r}: {found}")
+        out[name] = found
     return out
 
 
 def ensure_topic(
-    admin: Any, topic: str, partitions: int = 1, configs: dict[str, str] | None = None
+    admin: TopicAdmin, topic: str, partitions: int = 1, configs: dict[str, str] | None = None
 ) -> bool:
     """Create ``topic`` if it does not exist; return True if it was created.
 
@@ -194,10 +193,7 @@ def ensure_topic(
     if topic_partitions(admin, [topic]).get(topic) is not None:
         return False
     try:
-        spec: dict[str, Any] = {"num_partitions": partitions}
-        if configs:
-            spec["configs"] = dict(configs)
-        admin.create_topics({topic: spec}, wait_for_metadata=True)
+        admin.create_topic(topic, partitions, dict(configs or {}))
     except TopicAlreadyExistsError:
         return False  # created by someone else meanwhile
     except Exception as err:  # noqa: BLE001 - a one-line diagnosis
@@ -205,23 +201,16 @@ def ensure_topic(
     return True
 
 
-def topic_max_message_bytes(admin: Any, topic: str) -> int | None:
+def topic_max_message_bytes(admin: TopicAdmin, topic: str) -> int | None:
     """The topic's ``max.message.bytes`` (the broker's limit on one record batch), or None."""
-    from kafka.admin import ConfigResource, ConfigResourceType
-
     try:
-        result = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": None})],
-            config_filter="all",
-        )
+        value = admin.topic_config(topic, "max.message.bytes")
     except Exception as err:  # noqa: BLE001 - the limit is advisory; the send would still fail
         log.debug("cannot read max.message.bytes of %s: %s", topic, err)
         return None
     try:
-        entry = result["topic"][topic]["max.message.bytes"]
-        value = entry["value"] if isinstance(entry, dict) else entry
-        return int(value)
-    except (KeyError, TypeError, ValueError):
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
         return None
 
 
@@ -232,6 +221,7 @@ def latest_with_key(
     *,
     tail: int = 2000,
     timeout_s: float = 15.0,
+    client: str | Client = DEFAULT_CLIENT,
     **security: Any,
 ) -> bytes | None:
     """The value of the newest committed message with ``key`` among the last ``tail`` of each
@@ -242,9 +232,9 @@ def latest_with_key(
     kafka.errors.KafkaError
         The cluster did not answer in time.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(
+    consumer = transport.client(client).consumer(
         bootstrap_servers=bootstrap_servers,
         enable_auto_commit=False,
         isolation_level="read_committed",

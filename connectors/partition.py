@@ -1,7 +1,7 @@
 """One partition of a group-managed consumer, seen as an engine source.
 
-In per-partition scale-out (:mod:`stream_dp.engine.scaleout`) one ``KafkaConsumer`` per
-instance *subscribes* to the input topic and Kafka's group protocol assigns the partitions. Each
+In per-partition scale-out (:mod:`stream_dp.engine.scaleout`) one consumer per instance
+*subscribes* to the input topic and Kafka's group protocol assigns the partitions. Each
 assigned partition feeds its own learner, whose commit cycle needs what a
 :class:`connectors.sources.KafkaSource` gives the single-learner engine -- positions, seeks, the
 group's committed offsets and their tags, offsets for a transaction -- but for that partition
@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from connectors.sources import COMMIT_METADATA_PREFIX, SourceMessage, _parse_kafka_positions
+from connectors.transport import GroupOffsets
 
 __all__ = ["PartitionSource"]
 
@@ -25,15 +26,17 @@ class PartitionSource:
 
     Parameters
     ----------
-    consumer : kafka.KafkaConsumer
-        Subscribed to ``topic`` in ``group_id``; this partition is assigned to it.
+    consumer : connectors.transport.Consumer
+        Subscribed to ``topic`` in ``group_id``; this partition is assigned to it. Either
+        client's (a ``kafka.KafkaConsumer``, or ``connectors.transport.client(name).consumer``).
     topic : str
     partition : int
     group_id : str
     request_timeout_s : float, default 10.0
     lock : threading.Lock, optional
         Held around every call to ``consumer``. The partitions of one consumer share it, so
-        their learners can start in parallel threads (``KafkaConsumer`` is not thread-safe).
+        their learners can start in parallel threads (kafka-python's consumer is not
+        thread-safe).
 
     Notes
     -----
@@ -112,8 +115,18 @@ class PartitionSource:
         return out
 
     # -- the consumer group's record ---------------------------------------------------------
-    def offsets(self, positions: Mapping[str, Any] | None = None, tag: str = "") -> dict[Any, Any]:
-        """This partition's position as ``{TopicPartition: OffsetAndMetadata}``."""
+    def offsets(self, positions: Mapping[str, Any] | None = None, tag: str = "") -> GroupOffsets:
+        """This partition's position as ``{TopicPartition: OffsetAndMetadata}``, with the
+        consumer's group metadata (its generation: KIP-447 fencing of a member the group has
+        moved on from)."""
+        offsets = self._offsets(positions, tag)
+        if not offsets:
+            return GroupOffsets()
+        with self._lock:
+            metadata = self.consumer.group_metadata()
+        return GroupOffsets(offsets, group_metadata=metadata)
+
+    def _offsets(self, positions: Mapping[str, Any] | None, tag: str) -> dict[Any, Any]:
         from kafka import OffsetAndMetadata
 
         parsed = _parse_kafka_positions(positions if positions is not None else self.positions())
@@ -137,7 +150,7 @@ class PartitionSource:
 
     def commit(self, positions: Mapping[str, Any] | None = None, tag: str = "") -> bool:
         """Commit outside a transaction (release topic on another cluster)."""
-        offsets = self.offsets(positions, tag)
+        offsets = self._offsets(positions, tag)
         if offsets:
             with self._lock:
                 self.consumer.commit(offsets=offsets)

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
+from . import transport
 from ._retry import Backoff, is_retriable
 from ._settings import client_settings
 from .schema import DeadLetter, RecordError, ReleaseMessage
+from .transport import DEFAULT_CLIENT, Client
 
 __all__ = [
     "CallbackSink",
@@ -270,20 +272,24 @@ class KafkaSink:
     retry_backoff_max_s : float, default 10.0
         Cap of the exponential backoff between retries.
     max_block_ms : int, default 10000
-        How long one ``KafkaProducer.send`` may block (metadata, full buffer) before the
-        sink's own retry loop takes over.
+        How long one send may block (metadata, full buffer) before the sink's own retry loop
+        takes over.
     producer_config : dict, optional
-        Extra ``KafkaProducer`` settings (e.g. ``client_id``, ``compression_type``,
-        ``linger_ms``).
+        Extra producer settings, named as kafka-python's ``KafkaProducer`` names them (e.g.
+        ``client_id``, ``compression_type``, ``linger_ms``; on ``confluent-kafka`` also
+        librdkafka's dotted names).
+    client : str, default "kafka-python"
+        The Kafka client: ``"kafka-python"`` or ``"confluent-kafka"``
+        (:mod:`connectors.transport`).
     **security
-        Passed straight to ``KafkaProducer`` (``security_protocol``, ``sasl_mechanism``,
+        Passed to the producer (``security_protocol``, ``sasl_mechanism``,
         ``sasl_plain_username``, ``sasl_plain_password``, ``ssl_cafile``, ...).
 
     Notes
     -----
     ``enable_idempotence=True`` and ``acks="all"`` are enforced: the broker de-duplicates the
     producer's internal retries, so an outage neither loses nor duplicates a message while
-    kafka-python is retrying. If a message still fails with a retriable error (its internal
+    the client is retrying. If a message still fails with a retriable error (its internal
     delivery timeout expired), :meth:`flush` re-sends it until ``delivery_timeout_s``; such an
     outer re-send may reorder it after later messages (consumers order releases by
     ``release_index``). Nothing is dropped silently: what cannot be delivered in time makes
@@ -305,14 +311,14 @@ class KafkaSink:
         retry_backoff_max_s: float = 10.0,
         max_block_ms: int = 10_000,
         producer_config: Mapping[str, Any] | None = None,
+        client: str | Client = DEFAULT_CLIENT,
         **security: Any,
     ) -> None:
-        from kafka import KafkaProducer
-
         if not topic:
             raise ValueError("topic is required")
+        self.client = transport.client(client)
         extra = client_settings(
-            KafkaProducer, "KafkaSink", _PRODUCER_FIXED, producer_config, security
+            self.client, "KafkaProducer", "KafkaSink", _PRODUCER_FIXED, producer_config, security
         )
         self.topic = topic
         self.delivery_timeout_s = delivery_timeout_s
@@ -336,9 +342,7 @@ class KafkaSink:
         if self._closed:
             raise ValueError("KafkaSink is closed")
         if self._producer is None:
-            from kafka import KafkaProducer
-
-            self._producer = KafkaProducer(**self._config)
+            self._producer = self.client.producer(**self._config)
         return self._producer
 
     def _backoff(self, what: str) -> Backoff:

@@ -39,8 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from . import transport
 from ._retry import Backoff, is_retriable
 from ._settings import client_settings
+from .transport import DEFAULT_CLIENT, Client, GroupOffsets
 
 __all__ = [
     "CsvSource",
@@ -511,15 +513,20 @@ class KafkaSource:
     request_timeout_s : float, default 10.0
         Bound on one metadata request (start offsets, committed offsets, end offsets).
     consumer_config : dict, optional
-        Extra ``KafkaConsumer`` settings (e.g. ``client_id``, ``fetch_max_bytes``).
+        Extra consumer settings, named as kafka-python's ``KafkaConsumer`` names them (e.g.
+        ``client_id``, ``fetch_max_bytes``; on ``confluent-kafka`` also librdkafka's dotted
+        names).
+    client : str, default "kafka-python"
+        The Kafka client: ``"kafka-python"`` or ``"confluent-kafka"``
+        (:mod:`connectors.transport`). The behaviour described here is the same on both.
     **security
-        Passed straight to ``KafkaConsumer``: ``security_protocol``, ``sasl_mechanism``,
+        Passed to the consumer: ``security_protocol``, ``sasl_mechanism``,
         ``sasl_plain_username``, ``sasl_plain_password``, ``ssl_cafile``, ``ssl_certfile``,
         ``ssl_keyfile``, ``ssl_password``, ``ssl_check_hostname``, ...
 
     Notes
     -----
-    **Assignment, not subscription.** The source uses ``KafkaConsumer.assign()`` (manual
+    **Assignment, not subscription.** The source uses the consumer's ``assign()`` (manual
     assignment) and the group only as an offset store. Group-managed ``subscribe()`` would let
     the broker move a partition to another engine instance at any rebalance, while this
     instance's learner (and its checkpoint) has already learned from that partition's data.
@@ -542,7 +549,7 @@ class KafkaSource:
     available" and other retriable errors raised while connecting, discovering partitions or
     polling are logged and retried with capped exponential backoff; polling simply returns
     nothing meanwhile, and :attr:`unreachable_since` says since when the broker has not
-    answered. kafka-python reconnects by itself and the fetch positions survive, so nothing
+    answered. Either client reconnects by itself and the fetch positions survive, so nothing
     is lost or repeated. Non-retriable errors (authentication, authorisation, configuration)
     are raised.
 
@@ -573,16 +580,16 @@ class KafkaSource:
         partition_refresh_s: float = 60.0,
         request_timeout_s: float = 10.0,
         consumer_config: Mapping[str, Any] | None = None,
+        client: str | Client = DEFAULT_CLIENT,
         **security: Any,
     ) -> None:
-        from kafka import KafkaConsumer
-
         if not topic or ":" in topic:
             raise ValueError(f"invalid topic name {topic!r}")
         if not group_id:
             raise ValueError("group_id is required (offsets are committed under it)")
+        self.client = transport.client(client)
         extra = client_settings(
-            KafkaConsumer, "KafkaSource", _CONSUMER_FIXED, consumer_config, security
+            self.client, "KafkaConsumer", "KafkaSource", _CONSUMER_FIXED, consumer_config, security
         )
         self.topic = topic
         self.group_id = group_id
@@ -633,9 +640,7 @@ class KafkaSource:
         if self._closed:
             raise ValueError("KafkaSource is closed")
         if self._consumer is None:
-            from kafka import KafkaConsumer
-
-            self._consumer = KafkaConsumer(**self._config)
+            self._consumer = self.client.consumer(**self._config)
             self._assigned = []
             self._last_refresh = -float("inf")
         return self._consumer
@@ -757,7 +762,7 @@ class KafkaSource:
             self._skip_out_of_range(err.args[0] if err.args else {})
             return []
         except NoOffsetForPartitionError as err:
-            # kafka-python dropped a position (e.g. after detecting log truncation): resolve
+            # The client dropped a position (e.g. after detecting log truncation): resolve
             # it as at assignment.
             parts = list(err.args[0]) if err.args and isinstance(err.args[0], Iterable) else []
             for (topic, part), offset in self._start_offsets(parts).items():
@@ -773,7 +778,7 @@ class KafkaSource:
             self._backoff.failed(err, max_sleep=cap if idle_left is None else min(cap, idle_left))
             return []
         if not batch:
-            # kafka-python polls quietly through an outage: an empty poll proves nothing
+            # Either client polls quietly through an outage: an empty poll proves nothing
             # about the broker (lag() asks it), records do.
             return []
         self._idle_start = None
@@ -913,7 +918,7 @@ class KafkaSource:
             self._next[(topic, part)] = offset
         self._seek_generation += 1
 
-    def offsets(self, positions: Mapping[str, Any] | None = None, tag: str = "") -> dict[Any, Any]:
+    def offsets(self, positions: Mapping[str, Any] | None = None, tag: str = "") -> GroupOffsets:
         """Positions as ``{TopicPartition: OffsetAndMetadata}``, for a commit or a transaction.
 
         Parameters
@@ -926,8 +931,14 @@ class KafkaSource:
 
         Returns
         -------
-        dict
+        GroupOffsets
+            With the consumer's group metadata, for a transactional commit (KIP-447).
         """
+        offsets = self._offsets(positions, tag)
+        metadata = self._ensure_consumer().group_metadata() if offsets else None
+        return GroupOffsets(offsets, group_metadata=metadata)
+
+    def _offsets(self, positions: Mapping[str, Any] | None, tag: str) -> dict[Any, Any]:
         from kafka import OffsetAndMetadata, TopicPartition
 
         parsed = _parse_kafka_positions(positions if positions is not None else self.positions())
@@ -958,7 +969,7 @@ class KafkaSource:
         kafka.errors.KafkaError
             Non-retriable failures (e.g. not authorised for the group).
         """
-        offsets = self.offsets(positions, tag)
+        offsets = self._offsets(positions, tag)
         if not offsets:
             return True
         backoff = Backoff(

@@ -26,18 +26,31 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import transport
 from ._retry import Backoff
 from ._settings import client_settings
+from .transport import DEFAULT_CLIENT, Client
 
-__all__ = ["FENCING_ERRORS", "ProducerFenced", "TransactionalPublisher"]
+__all__ = ["FENCING_ERRORS", "GROUP_FENCING_ERRORS", "ProducerFenced", "TransactionalPublisher"]
 
 log = logging.getLogger(__name__)
 
-#: kafka-python errors that mean another producer with our transactional id took over.
+#: Errors (``kafka.errors`` names, on both clients) that mean another producer with our
+#: transactional id took over.
 FENCING_ERRORS = (
     "ProducerFencedError",
     "InvalidProducerEpochError",
     "TransactionCoordinatorFencedError",
+)
+
+#: Errors that mean the consumer group moved on without the consumer whose offsets these are
+#: (KIP-447: its generation or member id is stale, its partitions belong to another member).
+#: kafka-python reports them as a ``CommitFailedError`` of the transaction's offset commit.
+GROUP_FENCING_ERRORS = (
+    "IllegalGenerationError",
+    "UnknownMemberIdError",
+    "FencedInstanceIdError",
+    "CommitFailedError",
 )
 
 #: Settings the publisher owns: they are what makes a batch atomic and fenceable.
@@ -57,8 +70,12 @@ class ProducerFenced(RuntimeError):
     """Another producer with the same transactional id started: this one must stop."""
 
 
+def _fenced_by(exc: BaseException, names: tuple[str, ...]) -> bool:
+    return any(type(e).__name__ in names for e in (exc, exc.__cause__) if e)
+
+
 def _is_fencing(exc: BaseException) -> bool:
-    return any(type(e).__name__ in FENCING_ERRORS for e in (exc, exc.__cause__) if e)
+    return _fenced_by(exc, FENCING_ERRORS)
 
 
 class TransactionalPublisher:
@@ -75,9 +92,14 @@ class TransactionalPublisher:
     retry_backoff_max_s : float, default 10.0
         Cap of the backoff between attempts.
     producer_config : dict, optional
-        Extra ``KafkaProducer`` settings (``max_request_size``, ``request_timeout_ms``, ...).
+        Extra producer settings, named as kafka-python's ``KafkaProducer`` names them
+        (``max_request_size``, ``request_timeout_ms``, ...).
+    client : str, default "kafka-python"
+        The Kafka client: ``"kafka-python"`` or ``"confluent-kafka"``
+        (:mod:`connectors.transport`). Offsets committed in a transaction must come from a
+        source on the same client (their group metadata is the client's own).
     **security
-        Passed to ``KafkaProducer`` (``security_protocol``, ``ssl_cafile``, ...).
+        Passed to the producer (``security_protocol``, ``ssl_cafile``, ...).
 
     Examples
     --------
@@ -94,14 +116,19 @@ class TransactionalPublisher:
         attempt_timeout_s: float = 60.0,
         retry_backoff_max_s: float = 10.0,
         producer_config: Mapping[str, Any] | None = None,
+        client: str | Client = DEFAULT_CLIENT,
         **security: Any,
     ) -> None:
-        from kafka import KafkaProducer
-
         if not transactional_id:
             raise ValueError("transactional_id is required")
+        self.client = transport.client(client)
         extra = client_settings(
-            KafkaProducer, "TransactionalPublisher", _PRODUCER_FIXED, producer_config, security
+            self.client,
+            "KafkaProducer",
+            "TransactionalPublisher",
+            _PRODUCER_FIXED,
+            producer_config,
+            security,
         )
         self.transactional_id = transactional_id
         self.attempt_timeout_s = attempt_timeout_s
@@ -127,7 +154,8 @@ class TransactionalPublisher:
     def _bounded(self, fn: Callable[[], Any], on_wait: Callable[[], None] | None) -> Any:
         """Run ``fn`` in a worker thread; return its result, raise its error, or time out.
 
-        kafka-python's transactional calls wait without a bound while the broker is away.
+        kafka-python's transactional calls wait without a bound while the broker is away
+        (librdkafka's, up to their timeouts).
         Waiting here instead keeps the caller's hook running (status, deadline, signals),
         and an attempt that takes too long is abandoned: its producer is discarded, and the
         next producer's ``init_transactions`` aborts whatever it left open.
@@ -159,10 +187,8 @@ class TransactionalPublisher:
         return box.get("value")
 
     def _new_producer(self) -> Any:
-        from kafka import KafkaProducer
-
         generation = self._discard()
-        producer = KafkaProducer(**self._config)
+        producer = self.client.producer(**self._config)
         with self._state_lock:
             if generation != self._generation:  # this attempt was abandoned meanwhile
                 _close_quietly(producer)
@@ -219,6 +245,14 @@ class TransactionalPublisher:
                     raise ProducerFenced(
                         f"another producer with transactional id {self.transactional_id!r} "
                         "has started (a second instance of this model): this one is fenced"
+                    ) from err
+                if _fenced_by(err, GROUP_FENCING_ERRORS):
+                    self._discard()
+                    raise ProducerFenced(
+                        f"the consumer group refused the offsets of transactional id "
+                        f"{self.transactional_id!r}: its consumer is no longer the group's "
+                        f"member of that generation (its partitions moved on): this one is "
+                        f"fenced ({err})"
                     ) from err
                 retriable = bool(getattr(err, "retriable", False)) or isinstance(
                     err, ConnectionError | TimeoutError
@@ -277,7 +311,11 @@ class TransactionalPublisher:
         ----------
         messages : sequence of (topic, key, value)
         offsets : dict, optional
-            ``{TopicPartition: OffsetAndMetadata}`` committed with the batch.
+            ``{TopicPartition: OffsetAndMetadata}`` committed with the batch. A
+            :class:`~connectors.transport.GroupOffsets` (what a source's ``offsets()``
+            returns) carries the consumer's group metadata, which the commit then sends
+            (KIP-447: the broker refuses offsets of a consumer the group has moved on from);
+            confluent-kafka requires it.
         group_id : str, optional
             The consumer group of ``offsets``.
         on_retry : callable, optional
@@ -291,22 +329,30 @@ class TransactionalPublisher:
         Raises
         ------
         ProducerFenced
-            Another instance took over; nothing of this batch is visible.
+            Another instance took over, or the consumer group moved on from the consumer of
+            ``offsets``; nothing of this batch is visible.
         kafka.errors.KafkaError
             Non-retriable failures (message too large, not authorised, ...).
         """
         if offsets and not group_id:
             raise ValueError("offsets need their group_id")
+        group = getattr(offsets, "group_metadata", None) or group_id
+        if offsets and getattr(group, "group_id", group_id) != group_id:
+            raise ValueError(f"offsets of group {group.group_id!r} given for group {group_id!r}")
+        pins = self.client.pins_partitions
 
         def attempt() -> None:
             producer = self._ready_producer()
             producer.begin_transaction()
-            where = _KeyPartitions(producer)
-            futures = [
-                producer.send(t, value=v, key=k, partition=where(t, k)) for t, k, v in messages
-            ]
+            if pins:
+                where = _KeyPartitions(producer)
+                futures = [
+                    producer.send(t, value=v, key=k, partition=where(t, k)) for t, k, v in messages
+                ]
+            else:
+                futures = [producer.send(t, value=v, key=k) for t, k, v in messages]
             if offsets:
-                producer.send_offsets_to_transaction(dict(offsets), group_id)
+                producer.send_offsets_to_transaction(dict(offsets), group)
             producer.commit_transaction()
             for f in futures:  # commit succeeded, so each send did; a failure is a bug here
                 if f.failed():

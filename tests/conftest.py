@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import stream_dp
+from connectors.transport import CLIENTS, client
 
-__all__ = ["pima", "pima_split", "stream_factory", "quiet_exhaustion"]
+__all__ = ["kafka_client", "pima", "pima_split", "stream_factory", "quiet_exhaustion"]
 
 _HERE = Path(__file__).resolve().parent
 # Where the public datasets may live: an explicit directory, the test-local copy, the copies
@@ -95,3 +96,20 @@ def quiet_exhaustion() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is exhausted.*", category=RuntimeWarning)
         yield
+
+
+@pytest.fixture(params=CLIENTS)
+def kafka_client(request: pytest.FixtureRequest) -> str:
+    """Each Kafka client of the connectors, by name (``connectors.transport``).
+
+    A client that cannot be loaded fails the test when ``CI`` is set (CI must exercise both) and
+    skips it otherwise (a developer may lack the optional confluent-kafka package).
+    """
+    try:
+        client(request.param)
+    except ImportError as err:
+        message = f"Kafka client {request.param} unavailable: {err}"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return request.param

@@ -336,14 +336,14 @@ def values(source: Any) -> list[bytes]:
     return [m.value for m in source]
 
 
-def test_sources_and_sinks_satisfy_protocols(tmp_path: Path) -> None:
+def test_sources_and_sinks_satisfy_protocols(tmp_path: Path, kafka_client: str) -> None:
     (tmp_path / "a.jsonl").write_text("")
     (tmp_path / "a.csv").write_text("f,y\n")
     for src in (
         IterableSource([]),
         JsonlSource(tmp_path / "a.jsonl"),
         CsvSource(tmp_path / "a.csv", "y"),
-        KafkaSource("t", "127.0.0.1:1", "g"),
+        KafkaSource("t", "127.0.0.1:1", "g", client=kafka_client),
     ):
         assert isinstance(src, Source)
         src.close()
@@ -351,7 +351,7 @@ def test_sources_and_sinks_satisfy_protocols(tmp_path: Path) -> None:
         JsonlSink(tmp_path / "o.jsonl"),
         StdoutSink(),
         CallbackSink(print),
-        KafkaSink("t", "127.0.0.1:1"),
+        KafkaSink("t", "127.0.0.1:1", client=kafka_client),
     ):
         assert isinstance(sink, Sink)
     assert set(connectors.__all__) <= set(dir(connectors))
@@ -526,17 +526,18 @@ def unused_port() -> int:
         return s.getsockname()[1]
 
 
-def test_kafka_settings_are_validated() -> None:
-    with pytest.raises(TypeError, match="unknown KafkaConsumer"):
-        KafkaSource("t", "127.0.0.1:1", "g", sasl_plain_usernme="typo")
+def test_kafka_settings_are_validated(kafka_client: str) -> None:
+    c = {"client": kafka_client}
+    with pytest.raises(TypeError, match="unknown KafkaConsumer setting"):
+        KafkaSource("t", "127.0.0.1:1", "g", sasl_plain_usernme="typo", **c)
     with pytest.raises(ValueError, match="manages"):
-        KafkaSource("t", "127.0.0.1:1", "g", consumer_config={"enable_auto_commit": True})
+        KafkaSource("t", "127.0.0.1:1", "g", consumer_config={"enable_auto_commit": True}, **c)
     with pytest.raises(ValueError, match="group_id"):
-        KafkaSource("t", "127.0.0.1:1", "")
-    with pytest.raises(TypeError, match="unknown KafkaProducer"):
-        KafkaSink("t", "127.0.0.1:1", ssl_cafiel="x")
+        KafkaSource("t", "127.0.0.1:1", "", **c)
+    with pytest.raises(TypeError, match="unknown KafkaProducer setting"):
+        KafkaSink("t", "127.0.0.1:1", ssl_cafiel="x", **c)
     with pytest.raises(ValueError, match="manages"):
-        KafkaSink("t", "127.0.0.1:1", acks=1)
+        KafkaSink("t", "127.0.0.1:1", acks=1, **c)
     # Security settings pass straight through (nothing connects until first use).
     src = KafkaSource(
         "t",
@@ -546,6 +547,7 @@ def test_kafka_settings_are_validated() -> None:
         sasl_mechanism="PLAIN",
         sasl_plain_username="u",
         sasl_plain_password="p",
+        **c,
     )
     assert src._config["security_protocol"] == "SASL_SSL"
     assert src._config["enable_auto_commit"] is False
@@ -553,24 +555,141 @@ def test_kafka_settings_are_validated() -> None:
     assert src._config["auto_offset_reset"] == "none"
     assert src._config["isolation_level"] == "read_committed"
     with pytest.raises(ValueError, match="manages"):
-        KafkaSource("t", "127.0.0.1:1", "g", consumer_config={"auto_offset_reset": "latest"})
-    sink = KafkaSink("t", "127.0.0.1:1", ssl_cafile="/ca.pem")
+        KafkaSource("t", "127.0.0.1:1", "g", consumer_config={"auto_offset_reset": "latest"}, **c)
+    sink = KafkaSink("t", "127.0.0.1:1", ssl_cafile="/ca.pem", **c)
     assert sink._config["enable_idempotence"] is True and sink._config["acks"] == "all"
+    # librdkafka's own (dotted) names are settings of confluent-kafka only.
+    dotted = {"statistics.interval.ms": 0}
+    if kafka_client == "confluent-kafka":
+        assert (
+            KafkaSink("t", "127.0.0.1:1", producer_config=dotted, **c)._config[
+                "statistics.interval.ms"
+            ]
+            == 0
+        )
+    else:
+        with pytest.raises(TypeError, match="unknown KafkaProducer setting"):
+            KafkaSink("t", "127.0.0.1:1", producer_config=dotted, **c)
 
 
-def test_kafka_positions_seek_and_parse() -> None:
-    src = KafkaSource("events", "127.0.0.1:1", "g")
+def test_librdkafka_settings_mean_what_kafka_python_ones_do() -> None:
+    """The translation behind confluent-kafka: the guarantees' settings and the security ones."""
+    pytest.importorskip("confluent_kafka")
+    from connectors._confluent import librdkafka_config
+
+    consumer = librdkafka_config(
+        "KafkaConsumer",
+        {
+            "bootstrap_servers": ["a:1", "b:2"],
+            "group_id": "g",
+            "enable_auto_commit": False,
+            "auto_offset_reset": "none",
+            "isolation_level": "read_committed",
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": "u",
+            "sasl_plain_password": "p",
+            "ssl_cafile": "/ca.pem",
+            "ssl_check_hostname": False,
+            "bootstrap_timeout_ms": 10_000,
+            "max_poll_records": 500,
+        },
+    )
+    assert consumer == {
+        "bootstrap.servers": "a:1,b:2",
+        "group.id": "g",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "error",  # an offset out of range is reported, never reset
+        "isolation.level": "read_committed",
+        "security.protocol": "sasl_ssl",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "u",
+        "sasl.password": "p",
+        "ssl.ca.location": "/ca.pem",
+        "ssl.endpoint.identification.algorithm": "none",
+    }
+    producer = librdkafka_config(
+        "KafkaProducer",
+        {
+            "transactional_id": "stream-dp.m",
+            "enable_idempotence": True,
+            "acks": "all",
+            "max_request_size": 8 << 20,
+            "compression_type": None,
+            "delivery_timeout_ms": 60_000,
+            "request_timeout_ms": 30_000,
+            "max_block_ms": 10_000,
+        },
+    )
+    assert producer == {
+        "transactional.id": "stream-dp.m",
+        "enable.idempotence": True,
+        "acks": "all",
+        "message.max.bytes": 8 << 20,
+        "message.timeout.ms": 60_000,
+        "socket.timeout.ms": 30_000,
+        "request.timeout.ms": 30_000,
+    }
+
+
+def test_unknown_client_is_refused() -> None:
+    from connectors.transport import client
+
+    with pytest.raises(ValueError, match="unknown Kafka client 'rdkafka'"):
+        KafkaSource("t", "127.0.0.1:1", "g", client="rdkafka")
+    with pytest.raises(ValueError, match="unknown Kafka client"):
+        client("kafka")
+
+
+def test_confluent_errors_are_the_kafka_python_ones() -> None:
+    """librdkafka's errors arrive as the kafka.errors classes the connectors (and the engine)
+    act on, with librdkafka's message: one error vocabulary on both clients."""
+    pytest.importorskip("confluent_kafka")
+    import kafka.errors as E
+    from confluent_kafka import KafkaError
+
+    from connectors._confluent import kafka_error
+    from connectors._retry import is_retriable
+    from connectors.transactions import FENCING_ERRORS, GROUP_FENCING_ERRORS
+
+    def as_kafka(code: int, *, fatal: bool = False, retriable: bool = False) -> BaseException:
+        return kafka_error(KafkaError(code, "librdkafka says", fatal=fatal, retriable=retriable))
+
+    fenced = as_kafka(KafkaError._FENCED, fatal=True)
+    assert type(fenced).__name__ in FENCING_ERRORS and "librdkafka says" in str(fenced)
+    assert type(as_kafka(KafkaError.PRODUCER_FENCED)).__name__ in FENCING_ERRORS
+    assert type(as_kafka(KafkaError.INVALID_PRODUCER_EPOCH)).__name__ in FENCING_ERRORS
+    assert type(as_kafka(KafkaError.ILLEGAL_GENERATION)).__name__ in GROUP_FENCING_ERRORS
+    assert type(as_kafka(KafkaError.UNKNOWN_MEMBER_ID)).__name__ in GROUP_FENCING_ERRORS
+    for code in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                 KafkaError._MSG_TIMED_OUT, KafkaError.NOT_COORDINATOR):  # fmt: skip
+        assert is_retriable(as_kafka(code)), code
+    assert isinstance(as_kafka(KafkaError._TIMED_OUT), E.KafkaTimeoutError)
+    assert isinstance(as_kafka(KafkaError.OFFSET_OUT_OF_RANGE), E.OffsetOutOfRangeError)
+    assert "UnstableOffsetCommit" in type(as_kafka(KafkaError.UNSTABLE_OFFSET_COMMIT)).__name__
+    for code in (KafkaError._AUTHENTICATION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                 KafkaError.MSG_SIZE_TOO_LARGE):  # fmt: skip
+        assert not is_retriable(as_kafka(code)), code
+    # Retriable in librdkafka's judgement stays retriable; fatal never is.
+    assert is_retriable(as_kafka(KafkaError._INCONSISTENT, retriable=True))
+    assert not is_retriable(as_kafka(KafkaError._INCONSISTENT, retriable=True, fatal=True))
+
+
+def test_kafka_positions_seek_and_parse(kafka_client: str) -> None:
+    src = KafkaSource("events", "127.0.0.1:1", "g", client=kafka_client)
     src.seek({"events:0": 10, "events:2": 7, "other:0": 3})
     assert src.positions() == {"events:0": 10, "events:2": 7}
     for bad in ({"events": 1}, {"events:x": 1}, {"events:0": -1}, {"events:0": "5"}):
         with pytest.raises(ValueError):
             src.seek(bad)
     with pytest.raises(ValueError):
-        KafkaSource("a:b", "127.0.0.1:1", "g")
+        KafkaSource("a:b", "127.0.0.1:1", "g", client=kafka_client)
     src.close()
 
 
-def test_kafka_source_rides_out_unreachable_broker(caplog: pytest.LogCaptureFixture) -> None:
+def test_kafka_source_rides_out_unreachable_broker(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str], kafka_client: str
+) -> None:
     src = KafkaSource(
         "t",
         f"127.0.0.1:{unused_port()}",
@@ -579,6 +698,7 @@ def test_kafka_source_rides_out_unreachable_broker(caplog: pytest.LogCaptureFixt
         retry_backoff_max_s=0.5,
         commit_timeout_s=1.0,
         consumer_config={"bootstrap_timeout_ms": 300},
+        client=kafka_client,
     )
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="connectors"):
@@ -587,15 +707,19 @@ def test_kafka_source_rides_out_unreachable_broker(caplog: pytest.LogCaptureFixt
     assert time.monotonic() - start < 15
     assert any("retry" in r.getMessage() for r in caplog.records if r.name.startswith("connectors"))
     src.close()
+    # The client's own lines go through logging (quieted with the "kafka" logger), never
+    # straight to the terminal.
+    assert capfd.readouterr().err == ""
 
 
-def test_kafka_sink_raises_rather_than_dropping() -> None:
+def test_kafka_sink_raises_rather_than_dropping(kafka_client: str) -> None:
     sink = KafkaSink(
         "t",
         f"127.0.0.1:{unused_port()}",
         delivery_timeout_s=1.5,
         retry_backoff_max_s=0.2,
         max_block_ms=300,
+        client=kafka_client,
     )
     start = time.monotonic()
     with pytest.raises(KafkaSinkError, match="could not send"):

@@ -1,0 +1,803 @@
+"""The confluent-kafka client (private): librdkafka behind the connectors' interface.
+
+Adapts ``confluent_kafka``'s consumer, producer and admin client to the calls
+:mod:`connectors.transport` names (kafka-python's), so the connectors' logic is written once:
+
+* **Settings** are translated from kafka-python's names to librdkafka's (:data:`_COMMON`,
+  :data:`_CONSUMER`, :data:`_PRODUCER`); librdkafka's own dotted names pass through.
+* **Errors** become the ``kafka.errors`` class of the same meaning (:func:`kafka_error`):
+  fencing is ``ProducerFencedError``, an offset that left the log ``OffsetOutOfRangeError``,
+  a timeout ``KafkaTimeoutError``, and so on, keeping librdkafka's message.
+* **Behaviour** the connectors rely on is kept: a first send to a topic waits for its
+  metadata at most ``max_block_ms`` (kafka-python's rule, which makes an unreachable broker an
+  error at :meth:`send` rather than a silent queue), ``seek`` works on a partition assigned a
+  moment ago, a commit is bounded by its ``timeout_ms``, and keyed messages are partitioned by
+  murmur2 like kafka-python and the Java client (librdkafka's default is CRC32), so a model's
+  releases land on the same partition whichever client wrote them.
+* **Logging** goes to the ``kafka.librdkafka`` logger at the severity that logger lets
+  through, instead of librdkafka's own lines on stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from .transport import Client, librdkafka_log_level
+
+__all__ = ["ConfluentClient", "kafka_error"]
+
+#: librdkafka's lines and errors, under the logger that quiets kafka-python too.
+rdkafka_log = logging.getLogger("kafka.librdkafka")
+
+#: How long closing a consumer may wait for the broker before it is left to finish alone.
+CLOSE_WAIT_S = 5.0
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def _servers(value: Any) -> str:
+    return value if isinstance(value, str) else ",".join(str(s) for s in value)
+
+
+def _same(name: str) -> Callable[[Any], dict[str, Any]]:
+    return lambda value: {name: value}
+
+
+def _ms_to(name: str) -> Callable[[Any], dict[str, Any]]:
+    return lambda value: {name: int(value)}
+
+
+def _dropped(value: Any) -> dict[str, Any]:
+    return {}
+
+
+#: kafka-python setting -> librdkafka properties, for every client.
+_COMMON: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "bootstrap_servers": lambda v: {"bootstrap.servers": _servers(v)},
+    "client_id": _same("client.id"),
+    "security_protocol": lambda v: {"security.protocol": str(v).lower()},
+    "ssl_cafile": _same("ssl.ca.location"),
+    "ssl_certfile": _same("ssl.certificate.location"),
+    "ssl_keyfile": _same("ssl.key.location"),
+    "ssl_password": _same("ssl.key.password"),
+    "ssl_crlfile": _same("ssl.crl.location"),
+    "ssl_ciphers": _same("ssl.cipher.suites"),
+    "ssl_check_hostname": lambda v: {
+        "ssl.endpoint.identification.algorithm": "https" if v else "none"
+    },
+    "sasl_mechanism": _same("sasl.mechanism"),
+    "sasl_plain_username": _same("sasl.username"),
+    "sasl_plain_password": _same("sasl.password"),
+    "sasl_kerberos_service_name": _same("sasl.kerberos.service.name"),
+    "reconnect_backoff_ms": _ms_to("reconnect.backoff.ms"),
+    "reconnect_backoff_max_ms": _ms_to("reconnect.backoff.max.ms"),
+    "retry_backoff_ms": _ms_to("retry.backoff.ms"),
+    "metadata_max_age_ms": _ms_to("metadata.max.age.ms"),
+    "connections_max_idle_ms": _ms_to("connections.max.idle.ms"),
+    "request_timeout_ms": _ms_to("socket.timeout.ms"),
+    # librdkafka never blocks on its bootstrap: the connectors' own deadlines bound it.
+    "bootstrap_timeout_ms": _dropped,
+    "api_version": _dropped,
+}
+
+_CONSUMER: dict[str, Callable[[Any], dict[str, Any]]] = {
+    **_COMMON,
+    "group_id": _same("group.id"),
+    "enable_auto_commit": lambda v: {"enable.auto.commit": bool(v)},
+    # "none": an offset that left the log is an error the source reports, never a silent reset.
+    "auto_offset_reset": lambda v: {"auto.offset.reset": "error" if v == "none" else v},
+    "isolation_level": _same("isolation.level"),
+    "fetch_max_bytes": _same("fetch.max.bytes"),
+    "max_partition_fetch_bytes": _same("max.partition.fetch.bytes"),
+    "fetch_min_bytes": _same("fetch.min.bytes"),
+    "fetch_max_wait_ms": _ms_to("fetch.wait.max.ms"),
+    "session_timeout_ms": _ms_to("session.timeout.ms"),
+    "heartbeat_interval_ms": _ms_to("heartbeat.interval.ms"),
+    "max_poll_interval_ms": _ms_to("max.poll.interval.ms"),
+    "check_crcs": lambda v: {"check.crcs": bool(v)},
+    # The adapter's own: records per poll.
+    "max_poll_records": _dropped,
+}
+
+_PRODUCER: dict[str, Callable[[Any], dict[str, Any]]] = {
+    **_COMMON,
+    "acks": lambda v: {"acks": str(v)},
+    "enable_idempotence": lambda v: {"enable.idempotence": bool(v)},
+    "transactional_id": _same("transactional.id"),
+    "transaction_timeout_ms": _ms_to("transaction.timeout.ms"),
+    "max_request_size": _same("message.max.bytes"),
+    "batch_size": _same("batch.size"),
+    "linger_ms": _ms_to("linger.ms"),
+    "compression_type": lambda v: {"compression.type": v or "none"},
+    "delivery_timeout_ms": _ms_to("message.timeout.ms"),
+    "buffer_memory": lambda v: {"queue.buffering.max.kbytes": max(1, int(v) // 1024)},
+    "retries": _same("retries"),
+    "max_in_flight_requests_per_connection": _same("max.in.flight"),
+    "request_timeout_ms": lambda v: {"socket.timeout.ms": int(v), "request.timeout.ms": int(v)},
+    # The adapter's own: how long a send may wait for metadata or queue space.
+    "max_block_ms": _dropped,
+}
+
+_ROLES = {"KafkaConsumer": _CONSUMER, "KafkaProducer": _PRODUCER}
+
+
+def librdkafka_config(role: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """librdkafka properties for kafka-python-named ``config`` (dotted names pass through).
+
+    Examples
+    --------
+    >>> librdkafka_config("KafkaProducer", {"bootstrap_servers": ["a:1", "b:2"],
+    ...                                     "linger_ms": 5, "statistics.interval.ms": 0})
+    {'bootstrap.servers': 'a:1,b:2', 'linger.ms': 5, 'statistics.interval.ms': 0}
+    """
+    table = _ROLES[role]
+    out: dict[str, Any] = {}
+    for name, value in config.items():
+        if "." in name:
+            out[name] = value
+        elif value is not None:
+            out.update(table[name](value))
+    return out
+
+
+def _logging(kind: str) -> dict[str, Any]:
+    """Where librdkafka's lines and errors go: the ``kafka.librdkafka`` logger."""
+    return {
+        "logger": rdkafka_log,
+        "log_level": librdkafka_log_level(rdkafka_log),
+        "error_cb": _ErrorLog(kind),
+    }
+
+
+class _ErrorLog:
+    """librdkafka's client-level errors (broker down, authentication, fatal): logged, and the
+    fatal or authentication ones kept for the next call to raise."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.fatal: Any = None
+
+    def __call__(self, err: Any) -> None:
+        code = err.code()
+        final = err.fatal() or code in _AUTH_CODES
+        if final:
+            self.fatal = err
+        rdkafka_log.log(logging.WARNING if final else logging.DEBUG, "%s: %s", self.kind, err.str())
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+_AUTH_CODES = frozenset({-169, -181})  # _AUTHENTICATION, _SSL
+
+
+def _local_errors() -> dict[int, type]:
+    import kafka.errors as E
+
+    return {
+        -185: E.KafkaTimeoutError,  # _TIMED_OUT
+        -192: E.KafkaTimeoutError,  # _MSG_TIMED_OUT
+        -166: E.KafkaTimeoutError,  # _TIMED_OUT_QUEUE
+        -184: E.KafkaTimeoutError,  # _QUEUE_FULL
+        -152: E.KafkaTimeoutError,  # _PURGE_QUEUE: dropped with a discarded producer
+        -151: E.KafkaTimeoutError,  # _PURGE_INFLIGHT
+        -195: E.KafkaConnectionError,  # _TRANSPORT
+        -187: E.KafkaConnectionError,  # _ALL_BROKERS_DOWN
+        -193: E.KafkaConnectionError,  # _RESOLVE
+        -144: E.ProducerFencedError,  # _FENCED
+        -172: E.IllegalStateError,  # _STATE
+        -169: E.SaslAuthenticationFailedError,  # _AUTHENTICATION
+        -181: E.SaslAuthenticationFailedError,  # _SSL
+        -186: E.KafkaConfigurationError,  # _INVALID_ARG
+        -188: E.UnknownTopicOrPartitionError,  # _UNKNOWN_TOPIC
+        -190: E.UnknownTopicOrPartitionError,  # _UNKNOWN_PARTITION
+        -140: E.OffsetOutOfRangeError,  # _AUTO_OFFSET_RESET
+        -168: E.NoOffsetForPartitionError,  # _NO_OFFSET
+        -165: E.UnsupportedVersionError,  # _UNSUPPORTED_FEATURE
+        -170: E.UnsupportedVersionError,  # _NOT_IMPLEMENTED
+    }
+
+
+_LOCAL: dict[int, type] = {}
+
+
+def kafka_error(err: Any, *args: Any) -> BaseException:
+    """The ``kafka.errors`` exception for a librdkafka ``KafkaError`` (its message kept).
+
+    Broker error codes are Kafka's own (``kafka.errors.for_code``); librdkafka's local codes
+    are mapped by meaning. An error librdkafka calls retriable stays retriable.
+    """
+    import kafka.errors as E
+
+    if not _LOCAL:
+        _LOCAL.update(_local_errors())
+    code = err.code()
+    cls = _LOCAL.get(code, E.KafkaError) if code < 0 else E.for_code(code)
+    exc = cls(*args) if args else cls(err.str())
+    if not getattr(exc, "retriable", False) and err.retriable() and not err.fatal():
+        exc.retriable = True
+    return exc
+
+
+def _raise(exc: BaseException, fatal: _ErrorLog | None = None) -> BaseException:
+    """The connectors' error for a ``KafkaException`` (or the exception itself)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not isinstance(exc, KafkaException) or not exc.args:
+        return exc
+    err = exc.args[0]
+    if not isinstance(err, KafkaError):
+        return exc
+    if err.code() == KafkaError._FATAL and fatal is not None and fatal.fatal is not None:
+        err = fatal.fatal  # the cause, e.g. fenced, rather than "a fatal error happened"
+    return kafka_error(err)
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+class ConfluentClient(Client):
+    """confluent-kafka (librdkafka, C) behind the connectors' interface."""
+
+    name = "confluent-kafka"
+    pins_partitions = False  # librdkafka partitions in C, with murmur2 (set below)
+
+    def settings(self, role: str) -> Collection[str]:
+        return _ROLES[role]
+
+    def unknown_settings(self, role: str, names: Any) -> list[str]:
+        known = _ROLES[role]
+        return sorted(n for n in names if n not in known and "." not in n)
+
+    def consumer(self, **config: Any) -> ConfluentConsumer:
+        return ConfluentConsumer(config)
+
+    def producer(self, **config: Any) -> ConfluentProducer:
+        return ConfluentProducer(config)
+
+    def admin(self, **config: Any) -> ConfluentAdmin:
+        return ConfluentAdmin(config)
+
+
+def _tp(ctp: Any) -> Any:
+    from kafka import TopicPartition
+
+    return TopicPartition(ctp.topic, ctp.partition)
+
+
+def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Run a librdkafka call that takes no timeout in a thread; give up after ``timeout_s``."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="stream-dp-rdkafka", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        from kafka.errors import KafkaTimeoutError
+
+        raise KafkaTimeoutError(f"{what}: no answer within {timeout_s:.1f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+class _Record:
+    """One consumed message, with kafka-python's ``ConsumerRecord`` attribute names."""
+
+    __slots__ = ("key", "offset", "partition", "timestamp", "topic", "value")
+
+    def __init__(self, msg: Any) -> None:
+        self.topic = msg.topic()
+        self.partition = msg.partition()
+        self.offset = msg.offset()
+        self.key = msg.key()
+        self.value = msg.value()
+        self.timestamp = msg.timestamp()[1]
+
+
+class ConfluentConsumer:
+    """``confluent_kafka.Consumer`` with the calls of ``kafka.KafkaConsumer`` the connectors
+    make (``Consumer`` in :mod:`connectors.transport`)."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        from confluent_kafka import Consumer
+
+        config = dict(config)
+        self.max_poll_records = int(config.pop("max_poll_records", 500))
+        self.request_timeout_s = int(config.get("request_timeout_ms", 30_000)) / 1000
+        # A metadata request waits at most this for a broker, like kafka-python's bootstrap.
+        self.metadata_timeout_s = min(
+            self.request_timeout_s, int(config.get("bootstrap_timeout_ms", 30_000)) / 1000
+        )
+        if not config.get("group_id"):
+            # librdkafka needs a group even to read: one of this consumer's own, never joined
+            # and never committed to.
+            import uuid
+
+            config["group_id"] = f"stream-dp-reader-{uuid.uuid4().hex}"
+        self._errors = _ErrorLog("consumer")
+        self._c = Consumer(
+            {
+                "enable.partition.eof": False,
+                # kafka-python's default, not librdkafka's 1 ms: records arrive in batches.
+                "fetch.wait.max.ms": 500,
+                **librdkafka_config("KafkaConsumer", config),
+                **_logging("consumer"),
+            }
+        )
+        #: The offset of the next record of each partition, as far as this consumer knows:
+        #: where a re-assignment resumes it.
+        self._next: dict[Any, int] = {}
+        self._paused: set[Any] = set()
+        self._pending: BaseException | None = None
+        self._listener: Any = None
+        self._closed = False
+
+    def _ctp(self, tp: Any, offset: int | None = None, metadata: str | None = None) -> Any:
+        from confluent_kafka import TopicPartition
+
+        if offset is None:
+            return TopicPartition(tp.topic, tp.partition)
+        if metadata is None:
+            return TopicPartition(tp.topic, tp.partition, offset)
+        return TopicPartition(tp.topic, tp.partition, offset, metadata)
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from confluent_kafka import KafkaException
+
+        try:
+            return fn(*args, **kwargs)
+        except KafkaException as exc:
+            raise _raise(exc, self._errors) from None
+
+    # -- metadata and offsets ------------------------------------------------------------
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        md = self._call(self._c.list_topics, topic, timeout=self.metadata_timeout_s)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or not t.partitions:
+            if t is not None and t.error is not None and t.error.code() not in (3, -188):
+                raise kafka_error(t.error)
+            return None
+        return set(t.partitions)
+
+    def committed(self, partition: Any, metadata: bool = False, timeout_ms: int | None = None):
+        from kafka import OffsetAndMetadata
+
+        timeout = self.request_timeout_s if timeout_ms is None else timeout_ms / 1000
+        (got,) = self._call(self._c.committed, [self._ctp(partition)], timeout=timeout)
+        if got.error is not None:
+            raise kafka_error(got.error)
+        if got.offset < 0:
+            return None
+        return OffsetAndMetadata(got.offset, got.metadata or "", -1) if metadata else got.offset
+
+    def _watermarks(self, partitions: list[Any], timeout_ms: int | None, which: int) -> dict:
+        timeout = self.request_timeout_s if timeout_ms is None else timeout_ms / 1000
+        out = {}
+        for tp in partitions:
+            marks = self._call(
+                self._c.get_watermark_offsets, self._ctp(tp), timeout=timeout, cached=False
+            )
+            out[tp] = marks[which]
+        return out
+
+    def beginning_offsets(self, partitions: list[Any], timeout_ms: int | None = None) -> dict:
+        return self._watermarks(partitions, timeout_ms, 0)
+
+    def end_offsets(self, partitions: list[Any], timeout_ms: int | None = None) -> dict:
+        # With read_committed, the last stable offset (as kafka-python's).
+        return self._watermarks(partitions, timeout_ms, 1)
+
+    def commit(self, offsets: dict[Any, Any] | None = None, timeout_ms: int | None = None):
+        if not offsets:
+            return
+        parts = [self._ctp(tp, m.offset, m.metadata or "") for tp, m in offsets.items()]
+        timeout = self.request_timeout_s if timeout_ms is None else timeout_ms / 1000
+        done = _bounded(
+            lambda: self._call(self._c.commit, offsets=parts, asynchronous=False),
+            timeout,
+            "offset commit",
+        )
+        for ctp in done or ():
+            if ctp.error is not None:
+                raise kafka_error(ctp.error)
+
+    def group_metadata(self) -> Any:
+        return self._call(self._c.consumer_group_metadata)
+
+    # -- assignment ------------------------------------------------------------------------
+    def assign(self, partitions: list[Any]) -> None:
+        self._paused.clear()
+        self._call(self._c.assign, [self._ctp(tp) for tp in partitions])
+
+    def assignment(self) -> set[Any]:
+        return {_tp(c) for c in self._call(self._c.assignment)}
+
+    def seek(self, partition: Any, offset: int) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self._next[partition] = offset
+        try:
+            self._c.seek(self._ctp(partition, offset))
+            return
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._STATE:
+                raise _raise(exc, self._errors) from None
+        # Assigned a moment ago, its fetcher not started: librdkafka refuses to seek it. Assign
+        # again with the offsets known, which is where a seek would have put them.
+        self._reassign()
+
+    def _reassign(self) -> None:
+        from confluent_kafka import OFFSET_INVALID
+
+        current = [_tp(c) for c in self._call(self._c.assignment)]
+        self._call(
+            self._c.assign, [self._ctp(tp, self._next.get(tp, OFFSET_INVALID)) for tp in current]
+        )
+        paused = [self._ctp(tp) for tp in current if tp in self._paused]
+        if paused:
+            self._call(self._c.pause, paused)
+
+    def position(self, partition: Any, timeout_ms: int | None = None) -> int:
+        (got,) = self._call(self._c.position, [self._ctp(partition)])
+        if got.offset >= 0:
+            return got.offset
+        return self._next[partition]
+
+    def pause(self, *partitions: Any) -> None:
+        self._paused.update(partitions)
+        self._call(self._c.pause, [self._ctp(tp) for tp in partitions])
+
+    def resume(self, *partitions: Any) -> None:
+        self._paused.difference_update(partitions)
+        self._call(self._c.resume, [self._ctp(tp) for tp in partitions])
+
+    # -- group membership ----------------------------------------------------------------
+    def subscribe(self, topics: list[str], listener: Any = None) -> None:
+        """Join the group; ``listener`` has kafka-python's ``ConsumerRebalanceListener``
+        methods, called from :meth:`poll` as kafka-python calls them."""
+        self._listener = listener
+        if listener is None:
+            self._call(self._c.subscribe, list(topics))
+            return
+        self._call(
+            self._c.subscribe,
+            list(topics),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        # Assigned before the listener runs, so that it can pause and seek them.
+        consumer.assign(partitions)
+        self._paused.clear()
+        self._listener.on_partitions_assigned([_tp(c) for c in partitions])
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self._listener.on_partitions_revoked([_tp(c) for c in partitions])
+        for c in partitions:
+            self._next.pop(_tp(c), None)
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        lost = getattr(self._listener, "on_partitions_lost", None)
+        tps = [_tp(c) for c in partitions]
+        if lost is not None:
+            lost(tps)
+        else:
+            self._listener.on_partitions_revoked(tps)
+
+    # -- records ---------------------------------------------------------------------------
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list]:
+        """``{TopicPartition: [record, ...]}``; an error after some records is raised by the
+        next call, so that no record fetched before it is lost."""
+        from kafka import TopicPartition
+
+        if self._pending is not None:
+            err, self._pending = self._pending, None
+            raise err
+        if self._errors.fatal is not None:
+            fatal, self._errors.fatal = self._errors.fatal, None
+            raise kafka_error(fatal)
+        msgs = self._call(self._c.consume, max_records or self.max_poll_records, timeout_ms / 1000)
+        out: dict[Any, list] = {}
+        last: dict[Any, list] | None = None
+        key: tuple[str, int] | None = None
+        for msg in msgs:
+            if msg.error() is not None:
+                self._failed(msg)
+                continue
+            rec = _Record(msg)
+            if (rec.topic, rec.partition) != key:
+                key = (rec.topic, rec.partition)
+                tp = TopicPartition(*key)
+                last = out.setdefault(tp, [])
+            last.append(rec)
+        for tp, recs in out.items():
+            self._next[tp] = recs[-1].offset + 1
+        if self._pending is not None and not out:
+            err, self._pending = self._pending, None
+            raise err
+        return out
+
+    def _failed(self, msg: Any) -> None:
+        import kafka.errors as E
+        from confluent_kafka import KafkaError
+
+        err = msg.error()
+        if err.code() == KafkaError._PARTITION_EOF or self._pending is not None:
+            return
+        if err.code() == KafkaError._AUTO_OFFSET_RESET and msg.topic() is not None:
+            from kafka import TopicPartition
+
+            tp = TopicPartition(msg.topic(), msg.partition())
+            offset = msg.offset()
+            if offset is None or offset < 0:
+                self._pending = E.NoOffsetForPartitionError([tp])
+            else:
+                self._pending = E.OffsetOutOfRangeError({tp: offset})
+            return
+        self._pending = kafka_error(err)
+
+    def close(self, autocommit: bool = True) -> None:
+        """Leave (never commit: auto-commit is off); a broker that is away is not waited for
+        (librdkafka would wait up to a session timeout for its coordinator)."""
+        from kafka.errors import KafkaTimeoutError
+
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            _bounded(lambda: self._call(self._c.close), CLOSE_WAIT_S, "closing the consumer")
+        except KafkaTimeoutError as err:
+            rdkafka_log.debug("%s; left to finish in the background", err)
+
+
+class _Delivery:
+    """A sent message's outcome, kafka-python's future in the parts the connectors read."""
+
+    __slots__ = ("exception", "is_done")
+
+    def __init__(self) -> None:
+        self.is_done = False
+        self.exception: BaseException | None = None
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.exception = kafka_error(err)
+        self.is_done = True
+
+    def succeeded(self) -> bool:
+        return self.is_done and self.exception is None
+
+    def failed(self) -> bool:
+        return self.is_done and self.exception is not None
+
+
+class ConfluentProducer:
+    """``confluent_kafka.Producer`` with the calls of ``kafka.KafkaProducer`` the connectors
+    make (``Producer`` in :mod:`connectors.transport`)."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        from confluent_kafka import Producer
+
+        config = dict(config)
+        self.max_block_s = int(config.get("max_block_ms", 60_000)) / 1000
+        # Transactional calls are bounded like a delivery (kafka-python's default, 120 s).
+        self.txn_timeout_s = int(config.get("delivery_timeout_ms", 120_000)) / 1000
+        self._errors = _ErrorLog("producer")
+        self._p = Producer(
+            {
+                # kafka-python's defaults where librdkafka's differ and matter here.
+                "message.timeout.ms": 120_000,
+                "partitioner": "murmur2_random",
+                **librdkafka_config("KafkaProducer", config),
+                **_logging("producer"),
+            }
+        )
+        self._topics: set[str] = set()
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from confluent_kafka import KafkaException
+
+        try:
+            return fn(*args, **kwargs)
+        except KafkaException as exc:
+            raise _raise(exc, self._errors) from None
+
+    def _await_metadata(self, topic: str) -> None:
+        """Wait for the topic's partitions, as kafka-python's first send to a topic does."""
+        from kafka.errors import KafkaTimeoutError
+
+        deadline = time.monotonic() + self.max_block_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                md = self._call(self._p.list_topics, topic, timeout=max(left, 0.05))
+                t = md.topics.get(topic)
+                if t is not None and t.error is None and t.partitions:
+                    self._topics.add(topic)
+                    return
+            except Exception as err:  # noqa: BLE001 - retried until max_block_ms
+                if not getattr(err, "retriable", False):
+                    raise
+            if time.monotonic() >= deadline:
+                raise KafkaTimeoutError(
+                    f"Failed to update metadata after {self.max_block_s:.1f} secs."
+                )
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+    def partitions_for(self, topic: str) -> set[int]:
+        md = self._call(self._p.list_topics, topic, timeout=self.max_block_s)
+        return set(md.topics[topic].partitions)
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+    ) -> _Delivery:
+        if topic not in self._topics:
+            self._await_metadata(topic)
+        done = _Delivery()
+        deadline = None
+        while True:
+            try:
+                if partition is None:
+                    self._p.produce(topic, value, key, on_delivery=done)
+                else:
+                    self._p.produce(topic, value, key, partition, on_delivery=done)
+                break
+            except BufferError:
+                # The queue is full: wait for deliveries, at most max_block_ms (kafka-python's
+                # rule for a full buffer).
+                from kafka.errors import KafkaTimeoutError
+
+                now = time.monotonic()
+                deadline = deadline or now + self.max_block_s
+                if now >= deadline:
+                    raise KafkaTimeoutError(
+                        f"no room in the producer's queue within {self.max_block_s:.1f} s"
+                    ) from None
+                self._p.poll(0.05)
+            except Exception as exc:  # noqa: BLE001 - KafkaException, translated
+                raise _raise(exc, self._errors) from None
+        self._p.poll(0)  # serve delivery reports
+        return done
+
+    def flush(self, timeout: float | None = None) -> None:
+        from kafka.errors import KafkaTimeoutError
+
+        left = self._p.flush(-1 if timeout is None else timeout)
+        if left:
+            raise KafkaTimeoutError(f"{left} message(s) not delivered within {timeout} s")
+
+    # -- transactions ----------------------------------------------------------------------
+    def init_transactions(self) -> None:
+        self._call(self._p.init_transactions, self.txn_timeout_s)
+
+    def begin_transaction(self) -> None:
+        self._call(self._p.begin_transaction)
+
+    def send_offsets_to_transaction(self, offsets: dict, group_metadata: Any) -> None:
+        from confluent_kafka import TopicPartition
+
+        if group_metadata is None or isinstance(group_metadata, str):
+            raise ValueError(
+                "confluent-kafka commits offsets in a transaction only with the consumer's group "
+                "metadata (KIP-447): offsets from a confluent-kafka source carry it"
+            )
+        parts = [
+            TopicPartition(tp.topic, tp.partition, m.offset, m.metadata or "")
+            for tp, m in offsets.items()
+        ]
+        self._call(self._p.send_offsets_to_transaction, parts, group_metadata, self.txn_timeout_s)
+
+    def commit_transaction(self) -> None:
+        self._call(self._p.commit_transaction, self.txn_timeout_s)
+        self._p.poll(0)  # serve the batch's delivery reports
+
+    def close(self, timeout: float | None = None) -> None:
+        """Deliver what is queued within ``timeout``, drop the rest; the handle is released
+        when this object goes (librdkafka's destroy does not wait for a broker)."""
+        if self._p is None:
+            return
+        from kafka.errors import KafkaTimeoutError
+
+        left = self._p.flush(0 if timeout is None else timeout)
+        if left:
+            self._p.purge()
+            self._p.flush(0)
+        self._p = None
+        if left:
+            raise KafkaTimeoutError(f"{left} message(s) dropped at close")
+
+
+class ConfluentAdmin:
+    """``confluent_kafka.admin.AdminClient`` behind :class:`connectors.transport.TopicAdmin`,
+    connected: construction fails like ``KafkaAdminClient``'s when no session comes up."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        config = dict(config)
+        self.timeout_s = int(config.get("request_timeout_ms", 30_000)) / 1000
+        bootstrap_s = int(config.get("bootstrap_timeout_ms", 30_000)) / 1000
+        self._errors = _ErrorLog("admin")
+        self._a = AdminClient({**librdkafka_config("KafkaConsumer", config), **_logging("admin")})
+        try:
+            self._call(self._a.list_topics, timeout=bootstrap_s)
+        finally:
+            self._a.poll(0)  # hand librdkafka's lines to the logger (a probe's diagnosis)
+        if self._errors.fatal is not None:
+            raise kafka_error(self._errors.fatal)
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from confluent_kafka import KafkaException
+
+        try:
+            return fn(*args, **kwargs)
+        except KafkaException as exc:
+            raise _raise(exc, self._errors) from None
+
+    def topic_partitions(self, topics: list[str]) -> dict[str, int | str | None]:
+        import kafka.errors as E
+
+        out: dict[str, int | str | None] = {}
+        for topic in topics:
+            md = self._call(self._a.list_topics, topic, timeout=self.timeout_s)
+            t = md.topics.get(topic)
+            if t is None or (t.error is not None and t.error.code() in (3, -188)):
+                out[topic] = None
+            elif t.error is not None:
+                out[topic] = type(kafka_error(t.error)).__name__
+            elif not t.partitions:
+                out[topic] = E.LeaderNotAvailableError.__name__
+            else:
+                out[topic] = len(t.partitions)
+        return out
+
+    def create_topic(self, topic: str, partitions: int, configs: dict[str, str]) -> None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        spec = NewTopic(topic, num_partitions=partitions, config=dict(configs or {}))
+        future = self._a.create_topics([spec], request_timeout=self.timeout_s)[topic]
+        try:
+            future.result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise _raise(exc, self._errors) from None
+        # Like kafka-python's wait_for_metadata: the topic is usable when this returns.
+        deadline = time.monotonic() + self.timeout_s
+        while self.topic_partitions([topic]).get(topic) != partitions:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+
+    def topic_config(self, topic: str, name: str) -> str | None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import ConfigResource
+
+        future = self._a.describe_configs(
+            [ConfigResource("topic", topic)], request_timeout=self.timeout_s
+        )
+        try:
+            (result,) = [f.result(timeout=self.timeout_s) for f in future.values()]
+        except KafkaException as exc:
+            raise _raise(exc, self._errors) from None
+        entry = result.get(name)
+        return None if entry is None else entry.value
+
+    def close(self) -> None:
+        self._a.poll(0)
