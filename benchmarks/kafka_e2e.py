@@ -3,9 +3,10 @@
 Starts a private broker (deploy/kafka/kafka.sh) in a temporary directory, produces N records,
 then measures in the same run:
 
-* **raw**: a plain kafka-python consume → produce loop (KafkaConsumer reads each record,
-  KafkaProducer with the same idempotent settings sends one message per record, then flush) —
-  the floor any Kafka job in Python pays;
+* **raw**: a plain consume → produce loop on each Kafka client (the consumer reads each record,
+  an idempotent producer sends one message per record, then flush) — the floor any Kafka job in
+  Python pays: kafka-python (KafkaConsumer, KafkaProducer) and, when installed (the
+  ``confluent`` extra), confluent-kafka (librdkafka's Consumer and Producer);
 * **engine**: ``stream_dp.engine.Engine`` on the same topic — parse and validate, clip, one
   private OnPairStrC step, one release message per record, dead-letter sink, checkpoints, one
   Kafka transaction per commit cycle (the engine's default cycle unless ``--every-records``).
@@ -22,16 +23,18 @@ engine's start-up (~0.6 s of Kafka round trips: checks, fencing, a first transac
 dominating a run a few seconds long. The first line says which CRC32C kafka-python uses (the
 ``crc32c`` package of the ``fast`` extra, or its pure-Python fallback): it moves both loops.
 
-Prints records/s (median of repeats) and the ratios engine / raw and two / one process.
+Prints records/s (median of repeats) and the ratios raw confluent-kafka / raw kafka-python,
+engine / raw and two / one process.
 
     python benchmarks/kafka_e2e.py [--records 60000] [--repeats 3] [--buffer 64] [--dim 8]
-                                   [--every-records N] [--scale]
+                                   [--every-records N] [--scale] [--raw-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -182,6 +185,56 @@ def raw_loop(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
     return n / elapsed, _steady(marks)
 
 
+def raw_loop_confluent(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+    """The raw loop on confluent-kafka: records/s start to end, and in steady state."""
+    from confluent_kafka import Consumer, Producer
+
+    out = f"raw-out-{uuid.uuid4().hex[:8]}"
+    quiet = {"logger": logging.getLogger("kafka.librdkafka"), "log_level": 4}
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"raw-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            **quiet,
+        }
+    )
+    consumer.subscribe([topic])
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", **quiet}
+    )
+    at = {int(share * n): share for share in (0.2, 0.8)}
+    marks: dict[float, tuple[float, int]] = {}
+    t0 = time.perf_counter()
+    seen = 0
+    while seen < n:
+        for msg in consumer.consume(500, 1.0):
+            if msg.error() is not None:
+                continue
+            rec = json.loads(msg.value())  # a raw job still has to decode its input
+            producer.produce(out, json.dumps({"y": rec["y"]}).encode(), b"raw")
+            seen += 1
+            if seen in at:
+                marks[at[seen]] = (time.perf_counter(), seen)
+            if seen == n:
+                break
+        producer.poll(0)  # serve the delivery reports
+    producer.flush()
+    elapsed = time.perf_counter() - t0
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    return n / elapsed, _steady(marks)
+
+
+def confluent_installed() -> bool:
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def engine_loop(bootstrap: str, topic: str, n: int, buffer: int, dim: int) -> tuple[float, float]:
     """Records/s of the engine: start to end (start-up, final flush and checkpoint included),
     and in steady state (read off its counters by a thread that wakes every 5 ms)."""
@@ -254,6 +307,7 @@ def main() -> None:
     ap.add_argument("--buffer", type=int, default=64)
     ap.add_argument("--dim", type=int, default=8)
     ap.add_argument("--scale", action="store_true", help="also measure 1 and 2 processes")
+    ap.add_argument("--raw-only", action="store_true", help="only the raw loops of the clients")
     ap.add_argument(
         "--every-records",
         type=int,
@@ -272,15 +326,27 @@ def main() -> None:
     try:
         topic = f"bench-in-{uuid.uuid4().hex[:8]}"
         produce(bootstrap, topic, args.records, args.dim)
-        raw, eng = [], []
+        raw, raw_c, eng = [], [], []
+        confluent = confluent_installed()
         for _ in range(args.repeats):
             raw.append(raw_loop(bootstrap, topic, args.records))
-            eng.append(engine_loop(bootstrap, topic, args.records, args.buffer, args.dim))
+            if confluent:
+                raw_c.append(raw_loop_confluent(bootstrap, topic, args.records))
+            if not args.raw_only:
+                eng.append(engine_loop(bootstrap, topic, args.records, args.buffer, args.dim))
         print(
             f"records per run: {args.records}, d={args.dim}, FIFO({args.buffer}), "
             f"{args.repeats} repeats, one release message per record, CRC32C: {crc32c_kind()}, "
             f"commit cycle: {cycle_records()} records"
         )
+        if confluent:
+            report(raw, raw_c, "raw kafka-python consume→produce",
+                   "raw confluent-kafka consume→produce",
+                   "raw confluent-kafka / raw kafka-python")  # fmt: skip
+        else:
+            print("raw confluent-kafka: not installed (pip install 'stream-dp[confluent]')")
+        if args.raw_only:
+            return
         report(raw, eng, "raw kafka-python consume→produce", "stream_dp engine, private, e2e",
                "engine / raw")  # fmt: skip
         if args.scale:

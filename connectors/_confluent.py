@@ -263,6 +263,17 @@ class ConfluentClient(Client):
         return ConfluentAdmin(config)
 
 
+def _construct(cls: type, conf: dict[str, Any]) -> Any:
+    """A librdkafka handle; a setting it refuses is a configuration error."""
+    from confluent_kafka import KafkaException
+    from kafka.errors import KafkaConfigurationError
+
+    try:
+        return cls(conf)
+    except KafkaException as exc:
+        raise KafkaConfigurationError(str(exc.args[0].str())) from None
+
+
 def _tp(ctp: Any) -> Any:
     from kafka import TopicPartition
 
@@ -326,14 +337,15 @@ class ConfluentConsumer:
 
             config["group_id"] = f"stream-dp-reader-{uuid.uuid4().hex}"
         self._errors = _ErrorLog("consumer")
-        self._c = Consumer(
+        self._c = _construct(
+            Consumer,
             {
                 "enable.partition.eof": False,
                 # kafka-python's default, not librdkafka's 1 ms: records arrive in batches.
                 "fetch.wait.max.ms": 500,
                 **librdkafka_config("KafkaConsumer", config),
                 **_logging("consumer"),
-            }
+            },
         )
         #: The offset of the next record of each partition, as far as this consumer knows:
         #: where a re-assignment resumes it.
@@ -541,10 +553,14 @@ class ConfluentConsumer:
             from kafka import TopicPartition
 
             tp = TopicPartition(msg.topic(), msg.partition())
-            offset = msg.offset()
+            offset, known = msg.offset(), self._next.get(tp)
+            # librdkafka resolves a partition's start as it is assigned, before the seek that
+            # follows: an error about a position the partition has since been moved off is
+            # stale, and acting on it would move it back.
             if offset is None or offset < 0:
-                self._pending = E.NoOffsetForPartitionError([tp])
-            else:
+                if known is None:
+                    self._pending = E.NoOffsetForPartitionError([tp])
+            elif known is None or known == offset:
                 self._pending = E.OffsetOutOfRangeError({tp: offset})
             return
         self._pending = kafka_error(err)
@@ -584,6 +600,38 @@ class _Delivery:
         return self.is_done and self.exception is not None
 
 
+class _InFlight:
+    """Transactional calls in progress, per transactional id (across producers)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[str, int] = {}
+        self._changed = threading.Condition()
+
+    def enter(self, txn_id: str) -> None:
+        with self._changed:
+            self._calls[txn_id] = self._calls.get(txn_id, 0) + 1
+
+    def leave(self, txn_id: str) -> None:
+        with self._changed:
+            self._calls[txn_id] -= 1
+            if not self._calls[txn_id]:
+                del self._calls[txn_id]
+            self._changed.notify_all()
+
+    def wait_idle(self, txn_id: str, timeout_s: float) -> None:
+        """Wait until no call of ``txn_id`` is in progress; a timeout is a retriable error."""
+        from kafka.errors import KafkaTimeoutError
+
+        with self._changed:
+            if not self._changed.wait_for(lambda: txn_id not in self._calls, timeout_s):
+                raise KafkaTimeoutError(
+                    f"a discarded producer of transactional id {txn_id!r} is still in a call"
+                )
+
+
+_IN_FLIGHT = _InFlight()
+
+
 class ConfluentProducer:
     """``confluent_kafka.Producer`` with the calls of ``kafka.KafkaProducer`` the connectors
     make (``Producer`` in :mod:`connectors.transport`)."""
@@ -593,18 +641,27 @@ class ConfluentProducer:
 
         config = dict(config)
         self.max_block_s = int(config.get("max_block_ms", 60_000)) / 1000
-        # Transactional calls are bounded like a delivery (kafka-python's default, 120 s).
+        #: Bound on each transactional call (like a delivery: kafka-python's default, 120 s).
+        #: librdkafka goes on with a call that timed out until its handle is destroyed, which
+        #: happens when the call returns to an abandoned attempt: a caller that abandons
+        #: attempts sooner (the transactional publisher) lowers this to its own bound, so that
+        #: no discarded producer finishes ``init_transactions`` after a newer one has, fencing
+        #: it.
         self.txn_timeout_s = int(config.get("delivery_timeout_ms", 120_000)) / 1000
         self._errors = _ErrorLog("producer")
-        self._p = Producer(
-            {
-                # kafka-python's defaults where librdkafka's differ and matter here.
-                "message.timeout.ms": 120_000,
-                "partitioner": "murmur2_random",
-                **librdkafka_config("KafkaProducer", config),
-                **_logging("producer"),
-            }
-        )
+        conf = {
+            # kafka-python's defaults where librdkafka's differ and matter here.
+            "message.timeout.ms": 120_000,
+            "partitioner": "murmur2_random",
+            **librdkafka_config("KafkaProducer", config),
+            **_logging("producer"),
+        }
+        if "transactional.id" in conf and "transaction.timeout.ms" not in conf:
+            # librdkafka requires a delivery to fit in a transaction (kafka-python does not
+            # check): the broker's default transaction timeout, or the delivery timeout.
+            conf["transaction.timeout.ms"] = max(60_000, conf["message.timeout.ms"])
+        self._p = _construct(Producer, conf)
+        self.transactional_id = conf.get("transactional.id")
         self._topics: set[str] = set()
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -684,11 +741,36 @@ class ConfluentProducer:
             raise KafkaTimeoutError(f"{left} message(s) not delivered within {timeout} s")
 
     # -- transactions ----------------------------------------------------------------------
+    def _txn_call(self, name: str, *args: Any) -> None:
+        """One transactional call, counted in flight for its transactional id.
+
+        The handle is held by a local that is deleted before the count drops: when the
+        producer was closed meanwhile (an abandoned attempt), the handle is destroyed right
+        there, and librdkafka stops whatever the call left going.
+        """
+        from confluent_kafka import KafkaException
+
+        producer = self._p
+        if producer is None:
+            raise ValueError("the producer is closed")
+        _IN_FLIGHT.enter(self.transactional_id)
+        try:
+            getattr(producer, name)(*args)
+        except KafkaException as exc:
+            raise _raise(exc, self._errors) from None
+        finally:
+            del producer
+            _IN_FLIGHT.leave(self.transactional_id)
+
     def init_transactions(self) -> None:
-        self._call(self._p.init_transactions, self.txn_timeout_s)
+        # A discarded producer of this transactional id may still be in a call (its attempt
+        # was abandoned): until it ends, its handle could still register with the broker
+        # after this one, and fence it.
+        _IN_FLIGHT.wait_idle(self.transactional_id, self.txn_timeout_s)
+        self._txn_call("init_transactions", self.txn_timeout_s)
 
     def begin_transaction(self) -> None:
-        self._call(self._p.begin_transaction)
+        self._txn_call("begin_transaction")
 
     def send_offsets_to_transaction(self, offsets: dict, group_metadata: Any) -> None:
         from confluent_kafka import TopicPartition
@@ -702,11 +784,13 @@ class ConfluentProducer:
             TopicPartition(tp.topic, tp.partition, m.offset, m.metadata or "")
             for tp, m in offsets.items()
         ]
-        self._call(self._p.send_offsets_to_transaction, parts, group_metadata, self.txn_timeout_s)
+        self._txn_call("send_offsets_to_transaction", parts, group_metadata, self.txn_timeout_s)
 
     def commit_transaction(self) -> None:
-        self._call(self._p.commit_transaction, self.txn_timeout_s)
-        self._p.poll(0)  # serve the batch's delivery reports
+        self._txn_call("commit_transaction", self.txn_timeout_s)
+        producer = self._p
+        if producer is not None:  # (closed meanwhile if this attempt was abandoned)
+            producer.poll(0)  # serve the batch's delivery reports
 
     def close(self, timeout: float | None = None) -> None:
         """Deliver what is queued within ``timeout``, drop the rest; the handle is released
@@ -735,7 +819,15 @@ class ConfluentAdmin:
         self.timeout_s = int(config.get("request_timeout_ms", 30_000)) / 1000
         bootstrap_s = int(config.get("bootstrap_timeout_ms", 30_000)) / 1000
         self._errors = _ErrorLog("admin")
-        self._a = AdminClient({**librdkafka_config("KafkaConsumer", config), **_logging("admin")})
+        self._a = _construct(
+            AdminClient,
+            {
+                # Its handle is a producer's, which would create a topic it only describes.
+                "allow.auto.create.topics": False,
+                **librdkafka_config("KafkaConsumer", config),
+                **_logging("admin"),
+            },
+        )
         try:
             self._call(self._a.list_topics, timeout=bootstrap_s)
         finally:

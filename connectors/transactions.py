@@ -189,6 +189,8 @@ class TransactionalPublisher:
     def _new_producer(self) -> Any:
         generation = self._discard()
         producer = self.client.producer(**self._config)
+        if hasattr(producer, "txn_timeout_s"):  # librdkafka: end each call with its attempt
+            producer.txn_timeout_s = min(producer.txn_timeout_s, self.attempt_timeout_s)
         with self._state_lock:
             if generation != self._generation:  # this attempt was abandoned meanwhile
                 _close_quietly(producer)

@@ -886,7 +886,9 @@ class _FakeTransactionalProducer:
     def partitions_for(self, topic: str) -> set[int]:
         return {0}
 
-    def send(self, topic: str, value: bytes, key: bytes | None, partition: int | None) -> Any:
+    def send(
+        self, topic: str, value: bytes, key: bytes | None, partition: int | None = None
+    ) -> Any:
         self.batch.append((topic, key, value))
 
         class Done:
@@ -907,7 +909,9 @@ class _FakeTransactionalProducer:
         self.closed = True
 
 
-def test_an_abandoned_attempt_that_finishes_late_does_not_break_the_next(monkeypatch) -> None:
+def test_an_abandoned_attempt_that_finishes_late_does_not_break_the_next(
+    monkeypatch: pytest.MonkeyPatch, kafka_client: str
+) -> None:
     """An attempt abandoned in init_transactions finishes after the publisher moved on.
 
     It must neither mark the publisher ready (a later attempt would find no producer) nor touch
@@ -915,17 +919,19 @@ def test_an_abandoned_attempt_that_finishes_late_does_not_break_the_next(monkeyp
     """
     import threading
 
-    import kafka
-
     from connectors.transactions import TransactionalPublisher
 
     fake = _FakeTransactionalProducer
     fake.made = []
     fake.release_first = threading.Event()
     pub = TransactionalPublisher(
-        "127.0.0.1:1", "stream-dp.test", attempt_timeout_s=0.3, retry_backoff_max_s=0.01
+        "127.0.0.1:1",
+        "stream-dp.test",
+        attempt_timeout_s=0.3,
+        retry_backoff_max_s=0.01,
+        client=kafka_client,
     )
-    monkeypatch.setattr(kafka, "KafkaProducer", fake)
+    monkeypatch.setattr(type(pub.client), "producer", lambda self, **config: fake(**config))
     # Attempts of other tests may still be waiting in their workers (daemon threads against a
     # stopped broker): only this test's workers are waited for below.
     before = set(threading.enumerate())
@@ -982,3 +988,53 @@ def test_pinned_partitions_are_the_default_partitioners() -> None:
     assert len(set(got)) == 7  # the keys spread, so a wrong rule would show
     assert Producer.asked == len(set(keys))  # worked out once per key
     assert where("t", None) is None
+
+
+def test_offsets_go_with_their_consumers_group_metadata(
+    monkeypatch: pytest.MonkeyPatch, kafka_client: str
+) -> None:
+    """KIP-447: the transaction's offset commit carries the group metadata of the consumer that
+    read the offsets, on both clients; a commit the group refuses (the consumer's generation has
+    passed) fences the publisher: nothing of the batch is visible, and it is not retried."""
+    import kafka.errors as E
+    from kafka import OffsetAndMetadata, TopicPartition
+
+    from connectors.transactions import ProducerFenced, TransactionalPublisher
+    from connectors.transport import GroupOffsets
+
+    sent: list[tuple[dict, Any]] = []
+
+    class Producer(_FakeTransactionalProducer):
+        refuse: BaseException | None = None
+
+        def init_transactions(self) -> None:
+            pass
+
+        def send_offsets_to_transaction(self, offsets: dict, group_metadata: Any) -> None:
+            sent.append((offsets, group_metadata))
+            if Producer.refuse is not None:
+                raise Producer.refuse
+
+        def commit_transaction(self) -> None:
+            self.committed.append(self.batch)
+
+    pub = TransactionalPublisher("127.0.0.1:1", "stream-dp.test", client=kafka_client)
+    monkeypatch.setattr(type(pub.client), "producer", lambda self, **config: Producer(**config))
+    metadata = object()  # each client's own type; the publisher passes it on untouched
+    offsets = GroupOffsets(
+        {TopicPartition("in", 0): OffsetAndMetadata(7, "stream-dp/1 r 1", -1)}, metadata
+    )
+    pub.publish([("releases", b"m", b"v")], offsets, "g")
+    assert sent == [({TopicPartition("in", 0): OffsetAndMetadata(7, "stream-dp/1 r 1", -1)},
+                     metadata)]  # fmt: skip
+    # Plain offsets (no consumer at hand) fall back to the group id, as before KIP-447.
+    pub.publish([], dict(offsets), "g")
+    assert sent[-1][1] == "g"
+    for refusal in (E.IllegalGenerationError("stale"), E.CommitFailedError("metadata mismatch")):
+        Producer.refuse = refusal
+        tries = len(sent)
+        with pytest.raises(ProducerFenced, match="consumer group refused the offsets"):
+            pub.publish([("releases", b"m", b"v2")], offsets, "g", on_retry=pytest.fail)
+        assert len(sent) == tries + 1, "fencing is final: no retry"
+    Producer.refuse = None
+    pub.close()

@@ -1,4 +1,9 @@
-"""KafkaSource / KafkaSink against a real single-node Kafka broker (deploy/kafka/kafka.sh)."""
+"""The Kafka connectors against a real single-node Kafka broker (deploy/kafka/kafka.sh).
+
+Every test runs on each client (the ``kafka_client`` fixture: kafka-python and
+confluent-kafka). The broker's own view (committed offsets, what a ``read_committed`` reader
+sees) is read with kafka-python's clients throughout, the same observer for both.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +14,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from connectors import (
     DeadLetter,
     DeadLetterSink,
     KafkaSink,
     KafkaSource,
+    ProducerFenced,
     RecordError,
     SourceMessage,
+    TransactionalPublisher,
     parse_record,
 )
 
@@ -48,12 +55,30 @@ def committed_offsets(bootstrap: str, group: str) -> dict[str, int]:
     return {f"{tp.topic}:{tp.partition}": meta.offset for tp, meta in offsets.items()}
 
 
+def committed_values(bootstrap: str, topic: str) -> list[bytes]:
+    """What a ``read_committed`` reader sees on ``topic`` (partition order), read to its end."""
+    reader = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        consumer_timeout_ms=int(IDLE * 1000),
+    )
+    try:
+        return [m.value for m in reader]
+    finally:
+        reader.close()
+
+
 def record(i: int) -> bytes:
     return json.dumps({"x": {"a": i, "b": i * 0.5}, "y": i % 2, "key": f"user{i % 7}"}).encode()
 
 
-def produce(bootstrap: str, topic: str, indices: Iterable[int]) -> None:
-    with KafkaSink(topic, bootstrap) as sink:
+def produce(
+    bootstrap: str, topic: str, indices: Iterable[int], client: str = "kafka-python"
+) -> None:
+    with KafkaSink(topic, bootstrap, client=client) as sink:
         for i in indices:
             sink.send(f"user{i % 7}", record(i))
         sink.flush()
@@ -81,22 +106,22 @@ def check_partition_order(messages: list[SourceMessage]) -> None:
 
 
 def test_produce_consume_commit_and_resume(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str]
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
 ) -> None:
     bootstrap = kafka_broker.bootstrap
     topic, group = unique_name("t"), unique_name("g")
     create_topic(bootstrap, topic, partitions=3)
     n = 300
-    produce(bootstrap, topic, range(n))
+    produce(bootstrap, topic, range(n), kafka_client)
 
-    with KafkaSource(topic, bootstrap, group, max_idle_seconds=IDLE) as first:
+    with KafkaSource(topic, bootstrap, group, max_idle_seconds=IDLE, client=kafka_client) as first:
         part1 = take(first, 150)
         checkpoint = first.positions()
         assert first.commit() is True
     assert len(part1) == 150
     assert committed_offsets(bootstrap, group) == checkpoint
 
-    with KafkaSource(topic, bootstrap, group, max_idle_seconds=IDLE) as second:
+    with KafkaSource(topic, bootstrap, group, max_idle_seconds=IDLE, client=kafka_client) as second:
         part2 = list(second)
         final = second.positions()
         assert second.commit() is True
@@ -120,15 +145,17 @@ def test_produce_consume_commit_and_resume(
 
 
 def test_seek_to_checkpoint_positions(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str]
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
 ) -> None:
     bootstrap = kafka_broker.bootstrap
     topic = unique_name("t")
     create_topic(bootstrap, topic, partitions=2)
-    produce(bootstrap, topic, range(100))
+    produce(bootstrap, topic, range(100), kafka_client)
 
     # Seek on a live source, after its partitions were assigned.
-    with KafkaSource(topic, bootstrap, unique_name("g"), max_idle_seconds=IDLE) as src:
+    with KafkaSource(
+        topic, bootstrap, unique_name("g"), max_idle_seconds=IDLE, client=kafka_client
+    ) as src:
         before = take(src, 40)
         checkpoint = src.positions()
         ahead = take(src, 30)
@@ -140,7 +167,9 @@ def test_seek_to_checkpoint_positions(
 
     # Seek on a fresh source (different group, nothing committed), before assignment: this
     # is what a restart from a checkpoint does.
-    with KafkaSource(topic, bootstrap, unique_name("g"), max_idle_seconds=IDLE) as fresh:
+    with KafkaSource(
+        topic, bootstrap, unique_name("g"), max_idle_seconds=IDLE, client=kafka_client
+    ) as fresh:
         fresh.seek(checkpoint)
         resumed = list(fresh)
     assert sorted(index_of(m) for m in resumed) == sorted(index_of(m) for m in after)
@@ -148,7 +177,7 @@ def test_seek_to_checkpoint_positions(
 
 
 def test_dead_letter_round_trip(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str]
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
 ) -> None:
     bootstrap = kafka_broker.bootstrap
     topic, dlq = unique_name("in"), unique_name("dlq")
@@ -176,7 +205,9 @@ def test_dead_letter_round_trip(
         "invalid_json",
         None,
     ]
-    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    create_topic(bootstrap, topic, partitions=1)
+    # Idempotent: a retried send (the broker just started) must not duplicate a payload.
+    producer = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
     try:
         for p in payloads:
             # Kafka needs a key or a value; the tombstone has only a key.
@@ -186,8 +217,10 @@ def test_dead_letter_round_trip(
         producer.close()
 
     good = []
-    dead = DeadLetterSink(KafkaSink(dlq, bootstrap))
-    with KafkaSource(topic, bootstrap, unique_name("g"), max_idle_seconds=IDLE) as src:
+    dead = DeadLetterSink(KafkaSink(dlq, bootstrap, client=kafka_client))
+    with KafkaSource(
+        topic, bootstrap, unique_name("g"), max_idle_seconds=IDLE, client=kafka_client
+    ) as src:
         messages = list(src)
         for msg in messages:
             try:
@@ -196,13 +229,16 @@ def test_dead_letter_round_trip(
                 dead.send_error(err, msg.value, msg.position)
     dead.close()
 
+    check_partition_order(messages)  # each message once
     assert len(messages) == len(payloads)
     assert [r.x["a"] for r in good] == [0.0, 1.0]
     wanted = [r for r in expected if r is not None]
     assert dead.total == len(wanted)
     assert dead.counts == {r: wanted.count(r) for r in set(wanted)}
 
-    with KafkaSource(dlq, bootstrap, unique_name("g"), max_idle_seconds=IDLE) as src:
+    with KafkaSource(
+        dlq, bootstrap, unique_name("g"), max_idle_seconds=IDLE, client=kafka_client
+    ) as src:
         letters = [(m.key, DeadLetter.model_validate_json(m.value)) for m in src]
     assert [letter.reason for _, letter in letters] == wanted
     assert all(key == letter.reason.encode() for key, letter in letters)
@@ -216,13 +252,15 @@ def test_dead_letter_round_trip(
 
 
 def test_broker_outage_mid_consumption_loses_nothing(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str]
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
 ) -> None:
     bootstrap = kafka_broker.bootstrap
     topic, group = unique_name("t"), unique_name("g")
-    produce(bootstrap, topic, range(50))
+    produce(bootstrap, topic, range(50), kafka_client)
 
-    consumer = KafkaSource(topic, bootstrap, group, max_idle_seconds=90, retry_backoff_max_s=1.0)
+    consumer = KafkaSource(
+        topic, bootstrap, group, max_idle_seconds=90, retry_backoff_max_s=1.0, client=kafka_client
+    )
     got: list[SourceMessage] = []
     errors: list[BaseException] = []
     have_50 = threading.Event()
@@ -240,13 +278,46 @@ def test_broker_outage_mid_consumption_loses_nothing(
         finally:
             have_50.set()
 
-    sink = KafkaSink(topic, bootstrap, retry_backoff_max_s=1.0)
+    sink = KafkaSink(topic, bootstrap, retry_backoff_max_s=1.0, client=kafka_client)
 
     def produce_during_outage() -> None:
         try:
             for i in range(50, 100):
                 sink.send(f"user{i % 7}", record(i))
             sink.flush()
+        except BaseException as err:
+            errors.append(err)
+
+    # A transactional publisher, ready before the outage, publishes a batch and its input's
+    # offsets through it, as the engine does: an attempt whose answer was lost is recognised
+    # by the group's commit tag, so the batch is visible once.
+    out, txn_group = unique_name("out"), unique_name("g")
+    txn_source = KafkaSource(topic, bootstrap, txn_group, max_idle_seconds=IDLE,
+                             client=kafka_client)  # fmt: skip
+    assert len(take(txn_source, 10)) == 10
+    publisher = TransactionalPublisher(
+        bootstrap, unique_name("txn"), attempt_timeout_s=5.0, retry_backoff_max_s=1.0,
+        client=kafka_client,
+    )  # fmt: skip
+    publisher.start()
+    publisher.publish([(out, b"m", b"before")])
+    retries: list[BaseException] = []
+
+    def published() -> bool:
+        try:
+            return txn_source.committed(timeout_s=2.0)[f"{topic}:0"] == (10, "run 2")
+        except Exception:  # noqa: BLE001 - unknown counts as not yet
+            return False
+
+    def publish_during_outage() -> None:
+        try:
+            publisher.publish(
+                [(out, b"m", b"during-%d" % i) for i in range(20)],
+                txn_source.offsets(tag="run 2"),
+                txn_group,
+                on_retry=retries.append,
+                already_committed=published,
+            )
         except BaseException as err:
             errors.append(err)
 
@@ -258,6 +329,7 @@ def test_broker_outage_mid_consumption_loses_nothing(
         max_idle_seconds=IDLE,
         commit_timeout_s=2.0,
         retry_backoff_max_s=0.5,
+        client=kafka_client,
     )
     assert len(take(other, 10)) == 10
 
@@ -267,10 +339,12 @@ def test_broker_outage_mid_consumption_loses_nothing(
     assert not errors
 
     writer = threading.Thread(target=produce_during_outage, daemon=True)
+    txn_writer = threading.Thread(target=publish_during_outage, daemon=True)
     kafka_broker.stop()
     try:
         assert not kafka_broker.is_running()
         writer.start()
+        txn_writer.start()
         t0 = time.monotonic()
         assert other.commit() is False, "commit during an outage reports failure, not raise"
         assert time.monotonic() - t0 < 15, "commit retries must be bounded"
@@ -280,8 +354,14 @@ def test_broker_outage_mid_consumption_loses_nothing(
 
     writer.join(120)
     reader.join(120)
-    assert not writer.is_alive() and not reader.is_alive()
+    txn_writer.join(180)
+    assert not writer.is_alive() and not reader.is_alive() and not txn_writer.is_alive()
     assert not errors, errors
+    assert retries, "the batch published during the outage was retried"
+    assert committed_values(bootstrap, out) == [b"before"] + [b"during-%d" % i for i in range(20)]
+    assert committed_offsets(bootstrap, txn_group) == {f"{topic}:0": 10}
+    publisher.close()
+    txn_source.close()
     assert [m.position["offset"] for m in got] == list(range(100))
     assert [index_of(m) for m in got] == list(range(100))
 
@@ -297,12 +377,12 @@ def test_broker_outage_mid_consumption_loses_nothing(
 
 
 def test_source_waits_for_topic_created_later(
-    kafka_broker: KafkaBroker, unique_name: Callable[[str], str]
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
 ) -> None:
     """A source started before its topic exists yields nothing, then the records."""
     bootstrap = kafka_broker.bootstrap
     topic = unique_name("late")
-    src = KafkaSource(topic, bootstrap, unique_name("g"), max_idle_seconds=30)
+    src = KafkaSource(topic, bootstrap, unique_name("g"), max_idle_seconds=30, client=kafka_client)
     result: dict[str, Any] = {}
 
     def consume() -> None:
@@ -310,7 +390,203 @@ def test_source_waits_for_topic_created_later(
 
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
-    produce(bootstrap, topic, range(5))
+    produce(bootstrap, topic, range(5), kafka_client)
     reader.join(60)
     src.close()
     assert [index_of(m) for m in result["messages"]] == list(range(5))
+
+
+def test_transaction_commits_offsets_with_group_metadata(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
+) -> None:
+    """Outputs and the source's offsets in one transaction (offsets with the consumer's group
+    metadata, KIP-447); a second writer with the same transactional id fences the first, whose
+    batch then never becomes visible."""
+    bootstrap = kafka_broker.bootstrap
+    topic, group, out, txn = (unique_name(k) for k in ("t", "g", "out", "txn"))
+    produce(bootstrap, topic, range(20), kafka_client)
+    first = TransactionalPublisher(bootstrap, txn, client=kafka_client)
+    with KafkaSource(topic, bootstrap, group, max_idle_seconds=IDLE, client=kafka_client) as src:
+        got = take(src, 20)
+        offsets = src.offsets(tag="run-1 1")
+        assert offsets.group_metadata is not None
+        first.start()
+        first.publish([(out, b"m", m.value) for m in got], offsets, group)
+        assert committed_offsets(bootstrap, group) == {f"{topic}:0": 20}
+        assert src.committed() == {f"{topic}:0": (20, "run-1 1")}
+    assert committed_values(bootstrap, out) == [record(i) for i in range(20)]
+
+    second = TransactionalPublisher(bootstrap, txn, client=kafka_client)
+    second.start()  # the same model started again: the first writer is fenced
+    with pytest.raises(ProducerFenced, match="has started"):
+        first.publish([(out, b"m", b"zombie")])
+    second.publish([(out, b"m", b"second")])
+    assert committed_values(bootstrap, out)[20:] == [b"second"]
+    first.close()
+    second.close()
+
+
+def test_group_rebalance_and_a_stale_generation_is_fenced(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
+) -> None:
+    """Group membership as scale-out uses it: a subscribed consumer's rebalance callbacks,
+    partitions paused on assignment and read through PartitionSource; the offsets a member
+    took before a rebalance carry its old generation, and the broker refuses them (KIP-447)."""
+    from kafka import ConsumerRebalanceListener
+    from kafka.errors import NoOffsetForPartitionError
+
+    from connectors.partition import PartitionSource
+    from connectors.transport import client
+
+    bootstrap = kafka_broker.bootstrap
+    topic, group, out = unique_name("t"), unique_name("g"), unique_name("out")
+    create_topic(bootstrap, topic, partitions=2)
+    produce(bootstrap, topic, range(40), kafka_client)
+
+    def member(name: str) -> tuple[Any, list[tuple[str, list[int]]]]:
+        events: list[tuple[str, list[int]]] = []
+        consumer = client(kafka_client).consumer(
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            client_id=name,
+            enable_auto_commit=False,
+            auto_offset_reset="none",
+            isolation_level="read_committed",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1500,
+        )
+
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked):
+                events.append(("revoked", sorted(tp.partition for tp in revoked)))
+
+            def on_partitions_lost(self, lost):
+                events.append(("lost", sorted(tp.partition for tp in lost)))
+
+            def on_partitions_assigned(self, assigned):
+                consumer.pause(*assigned)  # taken up after the poll, as scale-out does
+                events.append(("assigned", sorted(tp.partition for tp in assigned)))
+
+        consumer.subscribe([topic], listener=Listener())
+        return consumer, events
+
+    def poll(consumer: Any) -> dict:
+        try:
+            return consumer.poll(timeout_ms=100)
+        except NoOffsetForPartitionError:
+            return {}  # gained, not yet sought to its learner's position (scale-out's rule)
+
+    a, a_events = member("a")
+    deadline = time.monotonic() + 60
+    while not any(e == ("assigned", [0, 1]) for e in a_events):
+        assert time.monotonic() < deadline, a_events
+        poll(a)
+    sources = {p: PartitionSource(a, topic, p, group) for p in (0, 1)}
+    for p, src in sources.items():
+        assert src.start() == {f"{topic}:{p}": 0}
+    a.resume(*a.assignment())
+    learned: dict[int, list[int]] = {0: [], 1: []}
+    while sum(len(v) for v in learned.values()) < 40:
+        assert time.monotonic() < deadline
+        for tp, records in poll(a).items():
+            learned[tp.partition] += [index_of(m) for m in sources[tp.partition].messages(records)]
+    assert sorted(learned[0] + learned[1]) == list(range(40))
+
+    publisher = TransactionalPublisher(bootstrap, unique_name("txn"), client=kafka_client)
+    publisher.start()
+    stale = sources[0].offsets(tag="a 1")
+    publisher.publish([(out, b"m", b"a-1")], stale, group)  # the current generation: accepted
+    assert sources[0].committed() == {f"{topic}:0": (len(learned[0]), "a 1")}
+
+    b, b_events = member("b")  # a second member: the group rebalances
+    while not (b.assignment() and len(a.assignment()) == 1):
+        assert time.monotonic() < deadline, (a_events, b_events)
+        poll(a)
+        poll(b)
+    assert a_events[-2:][0] == ("revoked", [0, 1]), a_events  # eager: all given up first
+    assert {p for tp in a.assignment() | b.assignment() for p in [tp.partition]} == {0, 1}
+
+    with pytest.raises(ProducerFenced, match="consumer group refused"):
+        publisher.publish([(out, b"m", b"zombie")], stale, group)
+    assert committed_values(bootstrap, out) == [b"a-1"]
+    a.close(autocommit=False)
+    b.close(autocommit=False)
+    publisher.close()
+
+
+def test_admin_checks_and_checkpoint_topic(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
+) -> None:
+    """The start-up checks and the checkpoint topic: a compacted topic created with its limit,
+    and the newest committed value of a key read back (aborted writes never seen)."""
+    from connectors.admin import (
+        KafkaProblem,
+        connect,
+        ensure_topic,
+        latest_with_key,
+        topic_max_message_bytes,
+        topic_partitions,
+    )
+
+    bootstrap = kafka_broker.bootstrap
+    topic, missing = unique_name("ckpt"), unique_name("none")
+    admin = connect(bootstrap, timeout_s=15, what="test", client=kafka_client)
+    try:
+        configs = {"cleanup.policy": "compact", "max.message.bytes": str(4 << 20)}
+        assert ensure_topic(admin, topic, configs=configs) is True
+        assert ensure_topic(admin, topic, configs=configs) is False
+        assert topic_partitions(admin, [topic, missing]) == {topic: 1, missing: None}
+        assert topic_max_message_bytes(admin, topic) == 4 << 20
+    finally:
+        admin.close()
+
+    publisher = TransactionalPublisher(bootstrap, unique_name("txn"), client=kafka_client)
+    publisher.start()
+    publisher.publish([(topic, b"m/p0", b"ckpt-1"), (topic, b"m/p1", b"other")])
+    publisher.publish([(topic, b"m/p0", b"ckpt-2")])
+    publisher.close()
+    aborted = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique_name("abort"))
+    aborted.init_transactions()
+    aborted.begin_transaction()
+    aborted.send(topic, key=b"m/p0", value=b"aborted")
+    aborted.flush()
+    aborted.abort_transaction()
+    aborted.close()
+    read = {"timeout_s": 15, "client": kafka_client}
+    assert latest_with_key(bootstrap, topic, b"m/p0", **read) == b"ckpt-2"
+    assert latest_with_key(bootstrap, topic, b"m/p1", **read) == b"other"
+    assert latest_with_key(bootstrap, topic, b"m/p9", **read) is None
+
+    # The diagnoses: nothing listening, and a TLS client at a plaintext listener.
+    with pytest.raises(KafkaProblem, match="cannot reach Kafka at 127.0.0.1:1 "):
+        connect("127.0.0.1:1", timeout_s=4, what="x", client=kafka_client)
+    with pytest.raises(KafkaProblem, match="works but no Kafka session came up.*is that listener"):
+        connect(bootstrap, timeout_s=4, what="x", client=kafka_client, security_protocol="SSL")
+
+
+def test_keys_land_on_kafka_python_partitions(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
+) -> None:
+    """Both clients partition keys as kafka-python's default partitioner (and Java's) do, so a
+    model's releases stay on one partition whichever client wrote them."""
+    from kafka.partitioner.default import murmur2
+
+    bootstrap = kafka_broker.bootstrap
+    topic = unique_name("keys")
+    create_topic(bootstrap, topic, partitions=7)
+    keys = [f"model-{i}/p{i % 5}" for i in range(60)]
+    with KafkaSink(topic, bootstrap, client=kafka_client) as sink:
+        for k in keys:
+            sink.send(k, k.encode())
+    publisher = TransactionalPublisher(bootstrap, unique_name("txn"), client=kafka_client)
+    publisher.start()
+    publisher.publish([(topic, k.encode(), k.encode()) for k in keys])
+    publisher.close()
+    with KafkaSource(topic, bootstrap, unique_name("g"), max_idle_seconds=IDLE,
+                     client=kafka_client) as src:  # fmt: skip
+        where = [(m.value, m.position["partition"]) for m in src]
+    # The default partitioner's rule (tests/test_connectors.py holds kafka-python to it).
+    want = {k.encode(): (murmur2(k.encode()) & 0x7FFFFFFF) % 7 for k in keys}
+    assert len(where) == 2 * len(keys)
+    assert all(want[value] == part for value, part in where)
+    assert len(set(want.values())) > 3  # the keys spread, so a wrong rule would show
