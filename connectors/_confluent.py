@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from ._retry import bounded_call
 from .transport import Client, librdkafka_log_level
 
 __all__ = ["ConfluentClient", "kafka_error"]
@@ -280,28 +281,6 @@ def _tp(ctp: Any) -> Any:
     return TopicPartition(ctp.topic, ctp.partition)
 
 
-def _bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Run a librdkafka call that takes no timeout in a thread; give up after ``timeout_s``."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=work, name="stream-dp-rdkafka", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        from kafka.errors import KafkaTimeoutError
-
-        raise KafkaTimeoutError(f"{what}: no answer within {timeout_s:.1f} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
 class _Record:
     """One consumed message, with kafka-python's ``ConsumerRecord`` attribute names."""
 
@@ -415,10 +394,10 @@ class ConfluentConsumer:
             return
         parts = [self._ctp(tp, m.offset, m.metadata or "") for tp, m in offsets.items()]
         timeout = self.request_timeout_s if timeout_ms is None else timeout_ms / 1000
-        done = _bounded(
+        done = bounded_call(
             lambda: self._call(self._c.commit, offsets=parts, asynchronous=False),
             timeout,
-            "offset commit",
+            f"offset commit: no answer within {timeout:.1f} s",
         )
         for ctp in done or ():
             if ctp.error is not None:
@@ -574,7 +553,11 @@ class ConfluentConsumer:
             return
         self._closed = True
         try:
-            _bounded(lambda: self._call(self._c.close), CLOSE_WAIT_S, "closing the consumer")
+            bounded_call(
+                lambda: self._call(self._c.close),
+                CLOSE_WAIT_S,
+                f"closing the consumer: no answer within {CLOSE_WAIT_S:.0f} s",
+            )
         except KafkaTimeoutError as err:
             rdkafka_log.debug("%s; left to finish in the background", err)
 

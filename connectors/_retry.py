@@ -1,12 +1,15 @@
-"""Bounded exponential backoff shared by the Kafka source and sink (private)."""
+"""Bounded exponential backoff and bounded calls, shared by the Kafka connectors (private)."""
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["Backoff", "is_retriable"]
+__all__ = ["Backoff", "bounded_call", "is_retriable"]
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -33,6 +36,60 @@ def is_retriable(exc: BaseException) -> bool:
     if isinstance(exc, kafka_errors.KafkaError):
         return bool(getattr(exc, "retriable", False))
     return isinstance(exc, ConnectionError | TimeoutError)
+
+
+def bounded_call(
+    fn: Callable[[], Any],
+    timeout_s: float,
+    message: str,
+    *,
+    on_wait: Callable[[], None] | None = None,
+    thread_name: str = "stream-dp-kafka",
+) -> Any:
+    """Run ``fn`` in a worker thread; return its result, raise its error, or time out.
+
+    For client calls that wait without a bound (or longer than the caller may) while a broker
+    is away. ``fn`` goes on in its (daemon) thread after a timeout: the caller discards what it
+    was working on.
+
+    Parameters
+    ----------
+    fn : callable
+    timeout_s : float
+    message : str
+        The ``KafkaTimeoutError``'s message on a timeout.
+    on_wait : callable, optional
+        Called about twice a second meanwhile; it may raise (the caller gives up).
+    thread_name : str
+
+    Examples
+    --------
+    >>> bounded_call(lambda: 42, 1.0, "never")
+    42
+    """
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name=thread_name, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + timeout_s
+    while worker.is_alive():
+        worker.join(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+        if worker.is_alive():
+            if on_wait is not None:
+                on_wait()
+            if time.monotonic() >= deadline:
+                from kafka.errors import KafkaTimeoutError
+
+                raise KafkaTimeoutError(message)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 class Backoff:

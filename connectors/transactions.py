@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import transport
-from ._retry import Backoff
+from ._retry import Backoff, bounded_call
 from ._settings import client_settings
 from .transport import DEFAULT_CLIENT, Client
 
@@ -160,31 +160,13 @@ class TransactionalPublisher:
         and an attempt that takes too long is abandoned: its producer is discarded, and the
         next producer's ``init_transactions`` aborts whatever it left open.
         """
-        box: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
-                box["error"] = exc
-
-        worker = threading.Thread(target=work, name="stream-dp-txn", daemon=True)
-        worker.start()
-        deadline = time.monotonic() + self.attempt_timeout_s
-        while worker.is_alive():
-            worker.join(timeout=0.5)
-            if worker.is_alive():
-                if on_wait is not None:
-                    on_wait()  # may raise: the caller gives up
-                if time.monotonic() >= deadline:
-                    from kafka.errors import KafkaTimeoutError
-
-                    raise KafkaTimeoutError(
-                        f"no answer within {self.attempt_timeout_s:.0f} s (attempt abandoned)"
-                    )
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
+        return bounded_call(
+            fn,
+            self.attempt_timeout_s,
+            f"no answer within {self.attempt_timeout_s:.0f} s (attempt abandoned)",
+            on_wait=on_wait,
+            thread_name="stream-dp-txn",
+        )
 
     def _new_producer(self) -> Any:
         generation = self._discard()

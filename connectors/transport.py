@@ -213,7 +213,8 @@ def client(name: str | Client = DEFAULT_CLIENT) -> Client:
             except ImportError as err:
                 raise ImportError(
                     "the confluent-kafka client needs the confluent-kafka package "
-                    "(pip install 'stream-dp[confluent]')"
+                    "(pip install 'stream-dp[confluent]')",
+                    name="confluent_kafka",
                 ) from err
             from ._confluent import ConfluentClient
 
