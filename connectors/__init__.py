@@ -9,6 +9,9 @@
 * :mod:`connectors.transactions` -- :class:`TransactionalPublisher`: batches published
   atomically with consumer offsets, one fenceable writer per transactional id.
 * :mod:`connectors.admin` -- start-up checks of a cluster that end in a one-line diagnosis.
+* :mod:`connectors.transport` -- the Kafka client behind all of them, chosen by name:
+  ``"kafka-python"`` (the default) or ``"confluent-kafka"`` (librdkafka, the ``confluent``
+  extra); every Kafka connector takes ``client=``.
 """
 
 from __future__ import annotations
