@@ -73,6 +73,10 @@ class PartitionSource:
         self.skipped_records = 0
         #: Outages are watched by the instance's shared consumer, not per partition.
         self.unreachable_since: float | None = None
+        #: The consumer's group membership when this partition's records were last read
+        #: (KIP-447): taken on the thread that polls, as the consumer is not thread-safe and
+        #: offsets are asked for on the publication thread.
+        self._group_metadata: Any = None
 
     # -- positions ---------------------------------------------------------------------------
     def positions(self) -> dict[str, int]:
@@ -87,6 +91,7 @@ class PartitionSource:
                     [self.tp], timeout_ms=self.request_timeout_ms
                 )
                 committed = begin[self.tp]
+            self._group_metadata = self.consumer.group_metadata()
         self.seek({self.key: int(committed)})
         return self.positions()
 
@@ -99,7 +104,12 @@ class PartitionSource:
                 self.next = offset
 
     def messages(self, records: list[Any]) -> list[SourceMessage]:
-        """The records to learn, as engine messages; the position moves past them."""
+        """The records to learn, as engine messages; the position moves past them.
+
+        Called on the thread that polls the consumer, right after the poll.
+        """
+        with self._lock:
+            self._group_metadata = self.consumer.group_metadata()
         out = []
         for rec in records:
             if self.next is not None and rec.offset < self.next:
@@ -117,14 +127,12 @@ class PartitionSource:
     # -- the consumer group's record ---------------------------------------------------------
     def offsets(self, positions: Mapping[str, Any] | None = None, tag: str = "") -> GroupOffsets:
         """This partition's position as ``{TopicPartition: OffsetAndMetadata}``, with the
-        consumer's group metadata (its generation: KIP-447 fencing of a member the group has
-        moved on from)."""
+        consumer's group metadata of when its records were read (its generation: KIP-447
+        fencing of a member the group has moved on from)."""
         offsets = self._offsets(positions, tag)
         if not offsets:
             return GroupOffsets()
-        with self._lock:
-            metadata = self.consumer.group_metadata()
-        return GroupOffsets(offsets, group_metadata=metadata)
+        return GroupOffsets(offsets, group_metadata=self._group_metadata)
 
     def _offsets(self, positions: Mapping[str, Any] | None, tag: str) -> dict[Any, Any]:
         from kafka import OffsetAndMetadata

@@ -618,6 +618,7 @@ class KafkaSource:
             "isolation_level": "read_committed",
         }
         self._consumer: Any = None
+        self._group_metadata: Any = None
         self._assigned: list[Any] = []
         self._last_refresh = -float("inf")
         self._next: dict[tuple[str, int], int] = {}
@@ -641,6 +642,10 @@ class KafkaSource:
             raise ValueError("KafkaSource is closed")
         if self._consumer is None:
             self._consumer = self.client.consumer(**self._config)
+            # Never joined (assigned partitions): its group metadata does not change, and is
+            # read here once rather than from the publication thread (consumers are not
+            # thread-safe).
+            self._group_metadata = self._consumer.group_metadata()
             self._assigned = []
             self._last_refresh = -float("inf")
         return self._consumer
@@ -935,8 +940,9 @@ class KafkaSource:
             With the consumer's group metadata, for a transactional commit (KIP-447).
         """
         offsets = self._offsets(positions, tag)
-        metadata = self._ensure_consumer().group_metadata() if offsets else None
-        return GroupOffsets(offsets, group_metadata=metadata)
+        if offsets and self._consumer is None:
+            self._ensure_consumer()
+        return GroupOffsets(offsets, group_metadata=self._group_metadata if offsets else None)
 
     def _offsets(self, positions: Mapping[str, Any] | None, tag: str) -> dict[Any, Any]:
         from kafka import OffsetAndMetadata, TopicPartition
