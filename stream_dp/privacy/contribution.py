@@ -1,0 +1,400 @@
+"""Contribution bounding: at most k admitted events per privacy unit, at least b steps apart.
+
+A unit-level guarantee needs every unit's influence bounded: a learner admits an event only if
+its unit has fewer than ``k`` admitted events and its last admitted event is at least ``b`` steps
+back. A dropped event takes no step and touches no buffer, model or noise index: it is counted,
+by reason, and never learned from (McMahan et al. 2024 call b the *min-separation*; PipelineDP's
+``max_contributions`` and Tumult's ``MaxRowsPerID`` bound contributions the same way).
+
+**The clock.** ``b`` is measured on the learner's *step* clock, which counts admitted events
+only — the rows of the gradient stream, which is where the unit-level sensitivity
+(:mod:`stream_dp.privacy.unit_sensitivity`) needs two events of a unit to be b apart. Measured on
+arrivals instead, dropped events in between would let two admitted events be fewer than b rows
+apart. Because a dropped event takes no step, it never shifts another unit's steps.
+
+**Stable truncation.** Whether an event is admitted depends only on its unit key, the step clock
+and its unit's own earlier admissions — never on features or labels. Neighbouring streams that
+differ in the contents of one unit's events (features and labels, same keys at the same
+positions) therefore admit exactly the same events, at the same steps: the relation
+"replace up to k admitted events of one unit, indices preserved" of ``docs/units.md``.
+
+**Exact, keyed, compact state.** A unit is stored by a 128-bit keyed hash of its key (BLAKE2b
+keyed by a secret, RFC 7693) with its admitted count and last admitted step packed in 64 bits: 24
+bytes per slot of an open-addressing table kept between 37.5 % and 75 % full (32–64 bytes per
+unit). Nothing is shared between units: no sketch, no eviction. Two distinct keys share a slot only
+if their hashes collide, with probability below ``m²/2¹²⁹`` for m units (≈ 10⁻²¹ at 10⁹ units),
+and without the secret an attacker cannot aim a key at another unit's slot (which would spend that
+unit's budget). A collision would merge two units, which only drops more events: merging is never
+a privacy risk, splitting is. So keys are canonical: ``42``, ``"42"`` and ``b"42"`` are one unit.
+
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import struct
+
+import numpy as np
+
+from stream_dp.privacy.secrets import derive_secret, new_secret
+from stream_dp.records import InvalidRecord
+
+__all__ = ["ContributionBound", "DROP_REASONS", "unit_bytes"]
+
+#: Why an event was dropped: its unit has k admitted events; its unit's last admitted event is
+#: fewer than b steps back; the table holds ``max_units`` units and this is a new one.
+DROP_REASONS = ("max_events", "min_separation", "max_units")
+
+# A slot is three uint64: the two halves of the keyed hash, then (last step << 16) | count.
+_WIDTH = 3
+_COUNT_BITS = 16
+_COUNT_MASK = (1 << _COUNT_BITS) - 1
+MAX_EVENTS = _COUNT_MASK
+MAX_STEP = (1 << (64 - _COUNT_BITS)) - 1
+# Grow (double) past this load: 24-byte slots then cost 32–64 bytes per unit.
+_MAX_LOAD = 0.75
+_MIN_CAPACITY = 1024
+_UNPACK = struct.Struct("<QQ").unpack
+_FORMAT = 1
+_PERSON = b"stream_dp/units"  # BLAKE2b personalisation of the unit hash
+
+
+def unit_bytes(unit) -> bytes:
+    """The canonical bytes of a unit key: a str's UTF-8, an int's decimal digits, bytes as is.
+
+    ``42``, ``"42"`` and ``b"42"`` are the same unit: merging two keys that name one person only
+    drops more events, while splitting one person over two keys would double their budget.
+    Anything else — ``None`` (a missing key), floats, booleans, containers — is not a unit key.
+
+    Examples
+    --------
+    >>> unit_bytes(42) == unit_bytes("42") == b"42"
+    True
+    >>> unit_bytes(None)
+    Traceback (most recent call last):
+    ...
+    stream_dp.records.InvalidRecord: a record without a unit key cannot be learned ...
+
+    """
+    t = type(unit)
+    if t is str:
+        return unit.encode("utf-8", "surrogatepass")
+    if t is bytes:
+        return unit
+    if t is int or isinstance(unit, np.integer):
+        return str(int(unit)).encode()
+    if isinstance(unit, bytearray | memoryview):
+        return bytes(unit)
+    if unit is None:
+        raise InvalidRecord(
+            "unit_key",
+            "a record without a unit key cannot be learned under a unit-level guarantee "
+            "(its contribution would not be bounded)",
+        )
+    if isinstance(unit, str):
+        return str(unit).encode("utf-8", "surrogatepass")
+    if isinstance(unit, int) and not isinstance(unit, bool):
+        return str(int(unit)).encode()
+    raise InvalidRecord(
+        "unit_key",
+        f"a unit key is a str, an int or bytes, got {type(unit).__name__} ({unit!r}): a float "
+        "or a bool would name a unit ambiguously",
+    )
+
+
+class ContributionBound:
+    """Stable truncation of a keyed stream: ≤ k admitted events per unit, ≥ b steps apart.
+
+    Parameters
+    ----------
+    max_events
+        k: events admitted per unit, ever (1 … 65 535).
+    min_separation
+        b: steps between two admitted events of one unit, on the learner's step clock (which
+        counts admitted events only). 1 allows consecutive steps.
+    secret
+        The key of the unit hash: an integer secret (a learner passes its noise secret, from which
+        a separate key is derived), or None for 128 fresh bits. A checkpoint can only be loaded
+        with the secret it was made with.
+    label
+        Separates the hash keys of several bounds derived from one secret (e.g. the model id).
+    max_units
+        Refuse events of *new* units once this many are stored (reason ``"max_units"``); None
+        (default) stores every unit. A cap makes a unit's admission depend on how many units
+        arrived before it — deterministic in the stream's keys, so still stable for the
+        neighbouring relation, but unfair — and bounds the memory an attacker who mints keys can
+        take.
+
+    Examples
+    --------
+    >>> bound = ContributionBound(max_events=2, min_separation=3, secret=7)
+    >>> step, learned = 0, []
+    >>> for unit in ["ann", "bob", "ann", "ann", "cid", "ann", "ann"]:
+    ...     if bound.admit(unit, step + 1):   # the step this event would take
+    ...         step += 1
+    ...         learned.append(unit)
+    >>> learned
+    ['ann', 'bob', 'cid', 'ann']
+    >>> bound.dropped
+    {'max_events': 1, 'min_separation': 2, 'max_units': 0}
+
+    The second "ann" would have taken step 3, two steps after her first (step 1): dropped, as is
+    the third (still step 3). The fourth takes step 4; the fifth would be her third event.
+
+    """
+
+    def __init__(
+        self,
+        max_events: int,
+        min_separation: int = 1,
+        secret: int | None = None,
+        label: str = "units",
+        max_units: int | None = None,
+    ) -> None:
+        self.max_events = _int_in(max_events, "max_events", 1, MAX_EVENTS)
+        self.min_separation = _int_in(min_separation, "min_separation", 1, MAX_STEP)
+        self.max_units = None if max_units is None else _int_in(max_units, "max_units", 1, 1 << 62)
+        self.label = str(label)
+        key = derive_secret(new_secret() if secret is None else secret, "unit-key/" + self.label)
+        self._hasher = hashlib.blake2b(key=key.to_bytes(16, "little"), digest_size=16,
+                                       person=_PERSON)  # fmt: skip
+        self._copy = self._hasher.copy
+        self._check = self._hash(b"\x00stream_dp/unit-key-check")
+        self._clear(_MIN_CAPACITY)
+        self.admitted = 0
+        self._dropped = [0, 0, 0]
+        self.last_step = 0  # the step of the latest admitted event: steps only increase
+
+    # -- admission ------------------------------------------------------------------------------
+    def admit(self, unit, step: int) -> bool:
+        """Admit (True) or drop (False) one event of ``unit`` that would take ``step``.
+
+        ``step`` is the learner's next step (steps taken so far + 1); on admission the learner
+        must take it, so steps of admitted events strictly increase (a ValueError otherwise — a
+        learner and a bound restored from different checkpoints). A dropped event is counted in
+        :attr:`dropped` and changes nothing else. Raises :class:`~stream_dp.records.InvalidRecord`
+        for a missing or ambiguous key, leaving the state untouched.
+        """
+        kind = type(unit)
+        h = self._copy()
+        h.update(unit.encode("utf-8", "surrogatepass") if kind is str else unit if kind is bytes
+                 else unit_bytes(unit))  # fmt: skip
+        lo, hi = _UNPACK(h.digest())
+        if type(step) is not int:
+            step = int(step)
+        if not self.last_step < step <= MAX_STEP:
+            raise ValueError(
+                f"step {step} is not after the last admitted step {self.last_step}: the learner "
+                "and its contribution bound are out of step"
+            )
+        table, mask = self._table, self._mask
+        i = lo & mask
+        while True:
+            j = _WIDTH * i
+            state = table[j + 2]
+            if state == 0:
+                break
+            if table[j] == lo and table[j + 1] == hi:
+                count = state & _COUNT_MASK
+                if count >= self.max_events:
+                    self._dropped[0] += 1
+                    return False
+                if step - (state >> _COUNT_BITS) < self.min_separation:
+                    self._dropped[1] += 1
+                    return False
+                table[j + 2] = (step << _COUNT_BITS) | (count + 1)
+                self.last_step = step
+                self.admitted += 1
+                return True
+            i = (i + 1) & mask
+        if self.max_units is not None and self._units >= self.max_units:
+            self._dropped[2] += 1
+            return False
+        table[j] = lo
+        table[j + 1] = hi
+        table[j + 2] = (step << _COUNT_BITS) | 1
+        self._units += 1
+        self.last_step = step
+        self.admitted += 1
+        if self._units > self._grow_at:
+            self._resize(2 * self._capacity)
+        return True
+
+    def admit_many(self, units, first_step: int) -> np.ndarray:
+        """:meth:`admit` for each unit in order; admitted events take ``first_step``,
+        ``first_step + 1``, … Returns the boolean mask of admitted events.
+
+        An invalid key raises :class:`~stream_dp.records.InvalidRecord` after the events before it
+        were decided, as the learners' ``learn_many`` does with an invalid row.
+
+        Examples
+        --------
+        >>> ContributionBound(1, secret=1).admit_many(["a", "b", "a", 7, "7"], 1).tolist()
+        [True, True, False, True, False]
+
+        """
+        units = list(units)
+        out = np.zeros(len(units), dtype=bool)
+        step = int(first_step)
+        admit = self.admit
+        for i, unit in enumerate(units):
+            if admit(unit, step):
+                out[i] = True
+                step += 1
+        return out
+
+    def events_of(self, unit) -> int:
+        """The number of admitted events of ``unit`` (0 for a unit never admitted)."""
+        slot = self._find(self._hash(unit_bytes(unit)))
+        return 0 if slot < 0 else int(self._table[_WIDTH * slot + 2] & _COUNT_MASK)
+
+    # -- what it did ----------------------------------------------------------------------------
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Dropped events by reason (:data:`DROP_REASONS`)."""
+        return dict(zip(DROP_REASONS, self._dropped, strict=True))
+
+    @property
+    def n_units(self) -> int:
+        """Units with at least one admitted event."""
+        return self._units
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the per-unit table (the only part that grows with the units)."""
+        return self._table.buffer_info()[1] * self._table.itemsize
+
+    def describe(self) -> str:
+        d = self.dropped
+        return (
+            f"contribution bound: ≤ {self.max_events} events per unit, ≥ {self.min_separation} "
+            f"steps apart; {self.admitted} admitted, {self._units} units, dropped "
+            + ", ".join(f"{v} ({k})" for k, v in d.items())
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ContributionBound(max_events={self.max_events}, "
+            f"min_separation={self.min_separation}, units={self._units})"
+        )
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The occupied slots (24 bytes per unit), the counters and a check of the hash key."""
+        view = self._view()
+        occupied = view[:, 2] != 0
+        return {
+            "format": _FORMAT,
+            "max_events": self.max_events,
+            "min_separation": self.min_separation,
+            "max_units": self.max_units,
+            "key_check": [int(v) for v in self._check],
+            "last_step": self.last_step,
+            "admitted": self.admitted,
+            "dropped": self.dropped,
+            "slots": view[occupied].copy(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a :meth:`state_dict` made with the same secret, label, k, b and cap.
+
+        A different key would make every stored unit unreachable — each unit would get a fresh
+        budget of k events — so it is refused, as are different bounds.
+        """
+        if state.get("format") != _FORMAT:
+            raise ValueError(f"unknown contribution-bound state format {state.get('format')!r}")
+        if [int(v) for v in state["key_check"]] != list(self._check):
+            raise ValueError(
+                "the checkpoint's unit table was made with another secret or label: its units "
+                "would all look new (and get a fresh budget)"
+            )
+        mine = (self.max_events, self.min_separation, self.max_units)
+        theirs = (state["max_events"], state["min_separation"], state["max_units"])
+        if mine != theirs:
+            raise ValueError(
+                f"the checkpoint bounds units by (k, b, max_units) = {theirs}, this learner by "
+                f"{mine}"
+            )
+        slots = np.asarray(state["slots"], dtype=np.uint64).reshape(-1, _WIDTH)
+        if np.any(slots[:, 2] == 0):
+            raise ValueError("a stored unit without an admitted event")
+        dropped = state["dropped"]
+        self._clear(_capacity_for(len(slots)))
+        self._insert(slots)
+        self.last_step = int(state["last_step"])
+        self.admitted = int(state["admitted"])
+        self._dropped = [int(dropped[r]) for r in DROP_REASONS]
+
+    # -- the table ------------------------------------------------------------------------------
+    def _hash(self, data: bytes) -> tuple[int, int]:
+        h = self._copy()
+        h.update(data)
+        return _UNPACK(h.digest())
+
+    def _find(self, key: tuple[int, int]) -> int:
+        lo, hi = key
+        table, mask = self._table, self._mask
+        i = lo & mask
+        while table[_WIDTH * i + 2] != 0:
+            if table[_WIDTH * i] == lo and table[_WIDTH * i + 1] == hi:
+                return i
+            i = (i + 1) & mask
+        return -1
+
+    def _clear(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._mask = capacity - 1
+        self._grow_at = int(_MAX_LOAD * capacity)
+        self._table = array.array("Q", bytes(8 * _WIDTH * capacity))
+        self._units = 0
+
+    def _view(self) -> np.ndarray:
+        return np.frombuffer(self._table, dtype=np.uint64).reshape(-1, _WIDTH)
+
+    def _resize(self, capacity: int) -> None:
+        view = self._view()
+        slots = view[view[:, 2] != 0].copy()
+        self._clear(capacity)
+        self._insert(slots)
+
+    def _insert(self, slots: np.ndarray) -> None:
+        """Place distinct units into the empty table by linear probing, vectorised.
+
+        Sorted by home slot h, the i-th unit goes to ``max(h_i, p_{i−1} + 1) = i + max_{j≤i}(h_j −
+        j)``. Units pushed past the end wrap to the front: they are placed again, first, with home
+        0 — which only moves later units further along runs they already belong to — until none
+        is past the end (the table is at most 75 % full).
+        """
+        m = len(slots)
+        if m == 0:
+            return
+        if m > self._grow_at:
+            raise ValueError("more units than the table may hold")
+        home = (slots[:, 0] & np.uint64(self._mask)).astype(np.int64)
+        order = np.argsort(home, kind="stable")
+        home, slots = home[order], slots[order]
+        while True:
+            idx = np.arange(m, dtype=np.int64)
+            pos = idx + np.maximum.accumulate(home - idx)
+            spill = pos >= self._capacity
+            if not spill.any():
+                break
+            first = np.concatenate([np.flatnonzero(spill), np.flatnonzero(~spill)])
+            slots = slots[first]
+            home = np.where(spill, 0, home)[first]
+        self._view()[pos] = slots
+        self._units = m
+
+
+def _capacity_for(units: int) -> int:
+    capacity = _MIN_CAPACITY
+    while int(_MAX_LOAD * capacity) < units:
+        capacity *= 2
+    return capacity
+
+
+def _int_in(v, name: str, low: int, high: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or not low <= v <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {v!r}")
+    return int(v)

@@ -1,0 +1,194 @@
+"""Contribution bounding (stream_dp/privacy/contribution.py): a stable, exact, keyed truncation.
+
+At most k admitted events per unit, any two at least b steps apart on the step clock (which counts
+admitted events only); a dropped event changes nothing but a counter. Checked against a plain
+dict implementation of the rule, for the invariants the unit-level sensitivity relies on, for the
+keyed table's bookkeeping (growth, wrap-around, checkpoints) and for bad keys.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stream_dp.privacy.contribution import DROP_REASONS, ContributionBound, unit_bytes
+from stream_dp.records import InvalidRecord
+
+
+def _reference(units, k: int, b: int) -> list[bool]:
+    """The rule written out with a dict: admit iff count < k and (step − last) ≥ b."""
+    state: dict[bytes, tuple[int, int]] = {}
+    step, out = 0, []
+    for unit in units:
+        key = unit_bytes(unit)
+        count, last = state.get(key, (0, None))
+        ok = count < k and (last is None or step + 1 - last >= b)
+        if ok:
+            step += 1
+            state[key] = (count + 1, step)
+        out.append(ok)
+    return out
+
+
+def _skewed_units(rng, n: int, units: int) -> list:
+    # Zipf-like: many units with one event, a few with dozens; str and int keys mixed.
+    raw = rng.zipf(1.4, size=n) % units
+    return [f"u{v}" if v % 3 else int(v) for v in raw.tolist()]
+
+
+@pytest.mark.parametrize("k,b", [(1, 1), (2, 1), (3, 5), (4, 129), (8, 40)])
+def test_admissions_follow_the_rule(k: int, b: int) -> None:
+    rng = np.random.default_rng(k * 100 + b)
+    units = _skewed_units(rng, 20_000, 3_000)
+    bound = ContributionBound(k, b, secret=11)
+    mask = bound.admit_many(units, 1)
+    assert mask.tolist() == _reference(units, k, b)
+    assert bound.admitted == int(mask.sum()) == bound.last_step
+    assert sum(bound.dropped.values()) == len(units) - bound.admitted
+    # The invariants the sensitivity needs, read off the admitted stream: ≤ k per unit, and two
+    # admitted events of a unit ≥ b steps apart on the admitted clock.
+    steps: dict[bytes, list[int]] = {}
+    step = 0
+    for unit, ok in zip(units, mask.tolist(), strict=True):
+        if ok:
+            step += 1
+            steps.setdefault(unit_bytes(unit), []).append(step)
+    assert max(len(s) for s in steps.values()) <= k
+    assert all(np.all(np.diff(s) >= b) for s in steps.values())
+    assert bound.n_units == len(steps)
+    assert all(bound.events_of(u) == len(s) for u, s in list(steps.items())[:500])
+
+
+def test_a_dropped_event_shifts_no_other_units_step() -> None:
+    rng = np.random.default_rng(3)
+    units = _skewed_units(rng, 5_000, 800)
+    base = ContributionBound(3, 20, secret=1).admit_many(units, 1)
+    # Insert, after every admitted event of unit "u1", an extra event of "u1": each is dropped
+    # (too close), and every other event keeps its decision and its step.
+    extended, origin = [], []
+    for i, unit in enumerate(units):
+        extended.append(unit)
+        origin.append(i)
+        if unit == "u1" and base[i]:
+            extended.append("u1")
+            origin.append(-1)
+    bound = ContributionBound(3, 20, secret=1)
+    mask = bound.admit_many(extended, 1)
+    kept = [m for m, o in zip(mask.tolist(), origin, strict=True) if o >= 0]
+    assert kept == base.tolist()
+    assert not any(m for m, o in zip(mask.tolist(), origin, strict=True) if o < 0)
+    assert bound.dropped["min_separation"] >= sum(1 for o in origin if o < 0)
+
+
+def test_decisions_do_not_depend_on_the_secret_only_the_table_does() -> None:
+    units = _skewed_units(np.random.default_rng(5), 4_000, 500)
+    a, b = ContributionBound(2, 7, secret=1), ContributionBound(2, 7, secret=2)
+    assert a.admit_many(units, 1).tolist() == b.admit_many(units, 1).tolist()
+    sa, sb = a.state_dict()["slots"], b.state_dict()["slots"]
+    assert len(sa) == len(sb) and not np.array_equal(np.sort(sa[:, 0]), np.sort(sb[:, 0]))
+
+
+def test_keys_are_canonical_and_bad_keys_are_refused_without_a_trace() -> None:
+    bound = ContributionBound(2, 1, secret=9)
+    assert bound.admit(42, 1) and bound.admit("42", 2)
+    assert not bound.admit(b"42", 3)  # the same unit: its third event
+    assert bound.admit(np.int64(7), 3) and bound.events_of("7") == 1
+    assert bound.admit(bytearray(b"x"), 4) and bound.events_of(b"x") == 1
+    before = bound.state_dict()
+    for bad in (None, 1.0, True, ("a",), float("nan")):
+        with pytest.raises(InvalidRecord) as info:
+            bound.admit(bad, 5)
+        assert info.value.reason == "unit_key"
+    after = bound.state_dict()
+    assert np.array_equal(before.pop("slots"), after.pop("slots")) and before == after
+
+
+def test_steps_must_increase() -> None:
+    bound = ContributionBound(5, 1, secret=1)
+    assert bound.admit("a", 3)
+    with pytest.raises(ValueError, match="out of step"):
+        bound.admit("b", 3)
+    assert bound.n_units == 1 and bound.last_step == 3
+    assert not ContributionBound(1, 1, secret=1).admit_many([], 1).size
+
+
+def test_checkpoint_round_trip_continues_identically() -> None:
+    rng = np.random.default_rng(8)
+    first, rest = _skewed_units(rng, 30_000, 20_000), _skewed_units(rng, 10_000, 25_000)
+    a = ContributionBound(3, 4, secret=21, label="m")
+    a.admit_many(first, 1)
+    b = ContributionBound(3, 4, secret=21, label="m")
+    b.load_state_dict(a.state_dict())
+    assert (b.n_units, b.admitted, b.dropped, b.last_step) == (
+        a.n_units, a.admitted, a.dropped, a.last_step)  # fmt: skip
+    assert a.admit_many(rest, a.last_step + 1).tolist() == b.admit_many(
+        rest, b.last_step + 1).tolist()  # fmt: skip
+    state = a.state_dict()
+    for other in (ContributionBound(3, 4, secret=22, label="m"),
+                  ContributionBound(3, 4, secret=21, label="other")):  # fmt: skip
+        with pytest.raises(ValueError, match="another secret"):
+            other.load_state_dict(state)
+    for other in (ContributionBound(4, 4, secret=21, label="m"),
+                  ContributionBound(3, 5, secret=21, label="m")):  # fmt: skip
+        with pytest.raises(ValueError, match=r"\(k, b, max_units\)"):
+            other.load_state_dict(state)
+
+
+def _assert_reachable(bound: ContributionBound) -> None:
+    """Linear probing's invariant: every unit sits at its home slot or after a run of occupied
+    slots that starts there (wrapping around)."""
+    view = bound._view()
+    cap = len(view)
+    occupied = view[:, 2] != 0
+    for pos in np.flatnonzero(occupied).tolist():
+        i = int(view[pos, 0]) & (cap - 1)
+        while i != pos:
+            assert occupied[i], f"a hole between a unit's home {i} and its slot {pos}"
+            i = (i + 1) % cap
+
+
+def test_growth_and_wrapped_placement_keep_every_unit_reachable() -> None:
+    bound = ContributionBound(1, 1, secret=4)
+    n = 50_000
+    assert bound.admit_many(range(n), 1).all()
+    assert bound.n_units == n and bound._capacity >= n / 0.75
+    _assert_reachable(bound)
+    assert all(bound.events_of(i) == 1 for i in range(0, n, 97))
+    assert not bound.admit(123, n + 1) and bound.dropped["max_events"] == 1
+    # Units crowding the end of the table wrap around to its front.
+    small = ContributionBound(1, 1, secret=4)
+    cap = small._capacity
+    rng = np.random.default_rng(0)
+    slots = np.zeros((600, 3), dtype=np.uint64)
+    slots[:, 0] = rng.integers(cap - 40, cap, size=600).astype(np.uint64) | (
+        rng.integers(1, 1 << 40, size=600).astype(np.uint64) << np.uint64(20)
+    )
+    slots[:, 1] = rng.integers(0, 1 << 62, size=600).astype(np.uint64)
+    slots[:, 2] = 1
+    small._insert(slots)
+    _assert_reachable(small)
+    for lo, hi, _ in slots.tolist():
+        assert small._find((lo, hi)) >= 0
+
+
+def test_max_units_refuses_new_units_only() -> None:
+    bound = ContributionBound(2, 1, secret=1, max_units=2)
+    assert bound.admit_many(["a", "b", "c", "a", "c"], 1).tolist() == [
+        True, True, False, True, False]  # fmt: skip
+    assert bound.dropped == dict(zip(DROP_REASONS, [0, 0, 2], strict=True))
+
+
+def test_state_is_compact() -> None:
+    bound = ContributionBound(4, 10, secret=1)
+    bound.admit_many(range(200_000), 1)
+    assert bound.nbytes / bound.n_units <= 64
+    assert bound.state_dict()["slots"].nbytes == 24 * bound.n_units
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1 << 16, 1.5, True])
+def test_parameters_are_checked(bad) -> None:
+    with pytest.raises(ValueError):
+        ContributionBound(bad, 1)
+    if bad != 1 << 16:
+        with pytest.raises(ValueError):
+            ContributionBound(1, bad)
