@@ -108,7 +108,8 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
     horizon
         Stream length n: the mechanism covers n steps, after which the learner stops and keeps
         serving its last release. ``None`` (BLT only) covers an unbounded stream for the same
-        one charge; the rules then assume :data:`NOMINAL_HORIZON` steps.
+        one charge, with the BLT of :func:`~stream_dp.privacy.unbounded_blt.unbounded_blt`; the
+        rules then assume :data:`NOMINAL_HORIZON` steps.
     noise
         The factorization: ``"blt"`` (default: O(k·p) state, near-optimal), ``"tree"`` (the
         binary tree of DP-FTRL) or ``"independent"`` (fresh noise per gradient: DP-SGD without
@@ -237,7 +238,7 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         bounds = pair_term_bounds(self.task, R, D)
         pattern = window_pattern(self.window, self.window, bounds)
         horizon = None if self.horizon is None else int(self.horizon)
-        factorization = make_factorization(self.noise, horizon or NOMINAL_HORIZON)
+        factorization = make_factorization(self.noise, horizon)
         size = int(np.prod(self._loss.param_shape(self._input.schema.dim)))
         budget = None
         rho = None

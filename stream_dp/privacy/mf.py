@@ -14,8 +14,9 @@ pattern of the buffer (:mod:`stream_dp.privacy.influence`) and the horizon, neve
 Horizons: a known horizon n is the default (Δ uses ``C`` restricted to n steps; after step n
 the learner stops). ``horizon=None`` is offered for BLT only: its column norms converge (every
 decay θ < 1), so ``Δ_∞ = lim_n Δ_n`` is finite and charging it up front covers an unbounded
-stream for the same single cost; the BLT is then fitted for the learner's nominal horizon
-(:data:`stream_dp.online.onpairmf.NOMINAL_HORIZON`).
+stream for the same single cost; the BLT is then
+:func:`~stream_dp.privacy.unbounded_blt.unbounded_blt`, held near the known-horizon optimum at
+every step count from 10³ to 10¹⁰.
 
 """
 
@@ -37,6 +38,7 @@ from stream_dp.privacy.factorizations import (
 )
 from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
 from stream_dp.privacy.noise import KeyedNoise
+from stream_dp.privacy.unbounded_blt import UNBOUNDED_HORIZONS, unbounded_blt
 
 __all__ = ["MECHANISM_NAME", "MFMechanism", "make_factorization", "NOISES"]
 
@@ -50,8 +52,13 @@ NOISES = ("blt", "tree", "independent", "sqrt-toeplitz")
 _SHARE = 1.0 - 1e-9
 
 
-def make_factorization(noise: str, horizon: int) -> Factorization:
+def make_factorization(
+    noise: str, horizon: int | None, unbounded: tuple[int, int] = UNBOUNDED_HORIZONS
+) -> Factorization:
     """The factorization named ``noise`` for ``horizon`` steps (BLT: fitted, < 1 s).
+
+    ``horizon=None`` (BLT only): :func:`~stream_dp.privacy.unbounded_blt.unbounded_blt` for the
+    step counts ``unbounded`` (stored for the default, fitted in seconds otherwise).
 
     Examples
     --------
@@ -60,7 +67,7 @@ def make_factorization(noise: str, horizon: int) -> Factorization:
 
     """
     if noise == "blt":
-        return BLT.fit(horizon)
+        return unbounded_blt(*unbounded) if horizon is None else BLT.fit(horizon)
     if noise == "tree":
         return BinaryTree()
     if noise == "independent":
