@@ -20,7 +20,7 @@ positions) therefore admit exactly the same events, at the same steps: the relat
 
 **Exact, keyed, compact state.** A unit is stored by a 128-bit keyed hash of its key (BLAKE2b
 keyed by a secret, RFC 7693) with its admitted count and last admitted step packed in 64 bits: 24
-bytes per slot of an open-addressing table kept between 37.5 % and 75 % full (32–64 bytes per
+bytes per slot of an open-addressing table kept between 40 % and 80 % full (30–60 bytes per
 unit). Nothing is shared between units: no sketch, no eviction. Two distinct keys share a slot only
 if their hashes collide, with probability below ``m²/2¹²⁹`` for m units (≈ 10⁻²¹ at 10⁹ units),
 and without the secret an attacker cannot aim a key at another unit's slot (which would spend that
@@ -52,10 +52,11 @@ _COUNT_BITS = 16
 _COUNT_MASK = (1 << _COUNT_BITS) - 1
 MAX_EVENTS = _COUNT_MASK
 MAX_STEP = (1 << (64 - _COUNT_BITS)) - 1
-# Grow (double) past this load: 24-byte slots then cost 32–64 bytes per unit.
-_MAX_LOAD = 0.75
+# Grow (double) past this load: 24-byte slots then cost 30–60 bytes per unit.
+_MAX_LOAD = 0.8
 _MIN_CAPACITY = 1024
 _UNPACK = struct.Struct("<QQ").unpack
+_RECENT = 4096
 _FORMAT = 1
 _PERSON = b"stream_dp/units"  # BLAKE2b personalisation of the unit hash
 
@@ -160,6 +161,10 @@ class ContributionBound:
         self._hasher = hashlib.blake2b(key=key.to_bytes(16, "little"), digest_size=16,
                                        person=_PERSON)  # fmt: skip
         self._copy = self._hasher.copy
+        # Hashes of recently seen keys (bytes are hashed by Python's seeded SipHash, so keys cannot
+        # be chosen to collide in it): a unit with many events pays for BLAKE2b once per
+        # _RECENT distinct keys. Derived, never checkpointed; its size does not grow with units.
+        self._recent: dict[bytes, tuple[int, int]] = {}
         self._check = self._hash(b"\x00stream_dp/unit-key-check")
         self._clear(_MIN_CAPACITY)
         self.admitted = 0
@@ -177,10 +182,17 @@ class ContributionBound:
         for a missing or ambiguous key, leaving the state untouched.
         """
         kind = type(unit)
-        h = self._copy()
-        h.update(unit.encode("utf-8", "surrogatepass") if kind is str else unit if kind is bytes
-                 else unit_bytes(unit))  # fmt: skip
-        lo, hi = _UNPACK(h.digest())
+        data = (unit.encode("utf-8", "surrogatepass") if kind is str else unit if kind is bytes
+                else unit_bytes(unit))  # fmt: skip
+        key = self._recent.get(data)
+        if key is None:
+            h = self._copy()
+            h.update(data)
+            key = _UNPACK(h.digest())
+            if len(self._recent) >= _RECENT:
+                self._recent.clear()
+            self._recent[data] = key
+        lo, hi = key
         if type(step) is not int:
             step = int(step)
         if not self.last_step < step <= MAX_STEP:
@@ -364,7 +376,7 @@ class ContributionBound:
         Sorted by home slot h, the i-th unit goes to ``max(h_i, p_{i−1} + 1) = i + max_{j≤i}(h_j −
         j)``. Units pushed past the end wrap to the front: they are placed again, first, with home
         0 — which only moves later units further along runs they already belong to — until none
-        is past the end (the table is at most 75 % full).
+        is past the end (the table is at most 80 % full).
         """
         m = len(slots)
         if m == 0:
