@@ -170,6 +170,7 @@ def test_more_events_cost_more_and_separation_helps() -> None:
 
 def test_replaced_events_bound() -> None:
     assert replaced_events_bound(0.25, 1, 2.0) == 0.25
+    assert replaced_events_bound(3.0, 1, 2.0) == 3.0  # k = 1 leaves the event-level bound alone
     assert replaced_events_bound(0.25, 4, 2.0) == 1.0
     assert replaced_events_bound(0.25, 100, 2.0) == 2.0
     for bad in ((-1.0, 2, 1.0), (1.0, 0, 1.0), (1.0, 2, 0.0), (math.inf, 2, 1.0)):

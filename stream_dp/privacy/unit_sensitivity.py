@@ -200,12 +200,16 @@ def replaced_events_bound(event_bound: float, max_events: int, diameter: float) 
     --------
     >>> replaced_events_bound(0.3, 4, diameter=2.0), replaced_events_bound(0.3, 10, diameter=2.0)
     (1.2, 2.0)
+    >>> replaced_events_bound(2.5, 1, diameter=2.0)  # k = 1: the event-level bound, unchanged
+    2.5
 
     """
     k = _positive_int(max_events, "max_events")
     e, diam = float(event_bound), float(diameter)
     if not (e >= 0 and diam > 0 and math.isfinite(e) and math.isfinite(diam)):
         raise ValueError(f"need a finite bound >= 0 and a diameter > 0, got {e!r}, {diam!r}")
+    if k == 1:  # the event-level bound itself, bit for bit (Lemma 4's may exceed the diameter)
+        return float(event_bound)
     return min(diam, k * e)
 
 
