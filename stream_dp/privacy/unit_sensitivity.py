@@ -66,6 +66,8 @@ __all__ = [
 _ROUND_UP = 1.0 + 1e-9
 # A max over s counts as attained at the smallest s when no other s beats it by more than this.
 _TIE = 1e-12
+# (pair, separation) values evaluated per call of the autocorrelation (bounds its memory).
+_BATCH = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,18 +264,25 @@ class _BLTAutocorrelation:
 
     def __call__(self, s: np.ndarray, N: np.ndarray) -> np.ndarray:
         L = self.L
-        out = np.zeros(len(s))
+        s = np.asarray(s, dtype=np.int64)
+        N = np.asarray(N, dtype=float)
         m = np.arange(L)
-        for i, (si, Ni) in enumerate(zip(s.tolist(), N.tolist(), strict=True)):
-            if Ni <= 0:
-                continue
-            H = int(min(Ni, L))
-            total = math.fsum(self.head[:H] * self.values(m[:H] + si))
-            if Ni > L:
-                decay = np.exp(si * self.log_theta)[None, :]
-                tail = np.sum(self.gamma2 * decay * _geom(self.pair, Ni - L))
-                total += float(tail)
-            out[i] = total
+        # Head: Σ_{m < min(N, L)} v_m v_{m+s} (all terms ≥ 0), computed once per distinct s.
+        us, which = np.unique(s, return_inverse=True)
+        shifted = self.values((m[None, :] + us[:, None]).ravel()).reshape(len(us), L)
+        partial = np.cumsum(self.head[None, :] * shifted, axis=1)
+        count = np.clip(np.minimum(N, L), 0, L).astype(np.int64)
+        out = np.where(count > 0, partial[which, np.maximum(count - 1, 0)], 0.0)
+        # Tail: rows L … N − 1 in closed form.
+        far = N > L
+        if np.any(far):
+            decay = np.exp(s[far, None] * self.log_theta[None, :])
+            rest = N[far] - L
+            if np.all(np.isinf(rest)):
+                sums = np.broadcast_to(_geom(self.pair, math.inf), (len(rest), *self.pair.shape))
+            else:  # _geom's Σ_{m<N} q^m, for an array of N
+                sums = np.expm1(rest[:, None, None] * self.pair) / np.expm1(self.pair)
+            out[far] += np.einsum("ij,sj,sij->s", self.gamma2, decay, sums)
         return out
 
 
@@ -299,19 +308,24 @@ def _autocorrelation(f: Factorization, u: np.ndarray, n: int | None):
 def _placement_bound(R, L: int, k: int, b: int, n: int | None) -> tuple[float, bool]:
     """Δ² of the module docstring and whether it is attained (every max at its smallest s)."""
     rows = math.inf if n is None else float(n)
-    starts = [i * b for i in range(k) if i * b < rows]
-    total = math.fsum(R(np.zeros(len(starts), dtype=np.int64), rows - np.array(starts, float)))
+    starts = np.array([i * b for i in range(k) if i * b < rows], dtype=float)
+    terms = [R(np.zeros(len(starts), dtype=np.int64), rows - starts)]
     exact = True
     for gap in range(1, len(starts)):
         d = gap * b
         s = np.arange(d, max(d, L - 1) + 1, dtype=np.int64)
-        for tau in starts[: len(starts) - gap]:
-            vals = R(s, rows - tau - s.astype(float))
-            best = float(vals.max())
-            if best > vals[0] * (1.0 + _TIE):
+        taus = starts[: len(starts) - gap]
+        # One call per gap, in chunks of at most _BATCH (pair, s) values: every pair i < j that
+        # far apart, every candidate separation s.
+        for first in range(0, len(taus), max(1, _BATCH // len(s))):
+            tau = taus[first : first + max(1, _BATCH // len(s))]
+            vals = R(np.tile(s, len(tau)), (rows - tau[:, None] - s[None, :]).ravel())
+            vals = vals.reshape(len(tau), len(s))
+            best = vals.max(axis=1)
+            if np.any(best > vals[:, 0] * (1.0 + _TIE)):
                 exact = False
-            total += 2.0 * best
-    return total, exact
+            terms.append(2.0 * best)
+    return math.fsum(np.concatenate(terms)), exact
 
 
 def _positive_int(v, name: str) -> int:
