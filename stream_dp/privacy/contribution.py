@@ -161,10 +161,12 @@ class ContributionBound:
         self._hasher = hashlib.blake2b(key=key.to_bytes(16, "little"), digest_size=16,
                                        person=_PERSON)  # fmt: skip
         self._copy = self._hasher.copy
-        # Hashes of recently seen keys (bytes are hashed by Python's seeded SipHash, so keys cannot
-        # be chosen to collide in it): a unit with many events pays for BLAKE2b once per
-        # _RECENT distinct keys. Derived, never checkpointed; its size does not grow with units.
-        self._recent: dict[bytes, tuple[int, int]] = {}
+        # The slots of recently seen keys (bytes are hashed by Python's seeded SipHash, so keys
+        # cannot be chosen to collide in it): a unit with many events pays for BLAKE2b and the
+        # probe once per _RECENT distinct keys. Units move only when the table grows, which
+        # clears it. Derived, never checkpointed; its size does not grow with the units.
+        self._recent: dict[bytes, int] = {}
+        self._recent_get = self._recent.get
         self._check = self._hash(b"\x00stream_dp/unit-key-check")
         self._clear(_MIN_CAPACITY)
         self.admitted = 0
@@ -184,15 +186,11 @@ class ContributionBound:
         kind = type(unit)
         data = (unit.encode("utf-8", "surrogatepass") if kind is str else unit if kind is bytes
                 else unit_bytes(unit))  # fmt: skip
-        key = self._recent.get(data)
-        if key is None:
-            h = self._copy()
-            h.update(data)
-            key = _UNPACK(h.digest())
-            if len(self._recent) >= _RECENT:
-                self._recent.clear()
-            self._recent[data] = key
-        lo, hi = key
+        j = self._recent_get(data)
+        if j is None:
+            j, lo, hi = self._locate(data)
+            if j >= 0:
+                self._remember(data, j)
         if type(step) is not int:
             step = int(step)
         if not self.last_step < step <= MAX_STEP:
@@ -200,29 +198,24 @@ class ContributionBound:
                 f"step {step} is not after the last admitted step {self.last_step}: the learner "
                 "and its contribution bound are out of step"
             )
-        table, mask = self._table, self._mask
-        i = lo & mask
-        while True:
-            j = _WIDTH * i
+        table = self._table
+        if j >= 0:
             state = table[j + 2]
-            if state == 0:
-                break
-            if table[j] == lo and table[j + 1] == hi:
-                count = state & _COUNT_MASK
-                if count >= self.max_events:
-                    self._dropped[0] += 1
-                    return False
-                if step - (state >> _COUNT_BITS) < self.min_separation:
-                    self._dropped[1] += 1
-                    return False
-                table[j + 2] = (step << _COUNT_BITS) | (count + 1)
-                self.last_step = step
-                self.admitted += 1
-                return True
-            i = (i + 1) & mask
+            count = state & _COUNT_MASK
+            if count >= self.max_events:
+                self._dropped[0] += 1
+                return False
+            if step - (state >> _COUNT_BITS) < self.min_separation:
+                self._dropped[1] += 1
+                return False
+            table[j + 2] = (step << _COUNT_BITS) | (count + 1)
+            self.last_step = step
+            self.admitted += 1
+            return True
         if self.max_units is not None and self._units >= self.max_units:
             self._dropped[2] += 1
             return False
+        j = ~j
         table[j] = lo
         table[j + 1] = hi
         table[j + 2] = (step << _COUNT_BITS) | 1
@@ -230,7 +223,9 @@ class ContributionBound:
         self.last_step = step
         self.admitted += 1
         if self._units > self._grow_at:
-            self._resize(2 * self._capacity)
+            self._resize(2 * self._capacity)  # moves units: forgets the remembered slots
+        else:
+            self._remember(data, j)
         return True
 
     def admit_many(self, units, first_step: int) -> np.ndarray:
@@ -345,16 +340,35 @@ class ContributionBound:
         return _UNPACK(h.digest())
 
     def _find(self, key: tuple[int, int]) -> int:
-        lo, hi = key
+        """The slot (not its first array index) of the unit with hash ``key``, or −1."""
+        j = self._probe(*key)
+        return j // _WIDTH if j >= 0 else -1
+
+    def _locate(self, data: bytes) -> tuple[int, int, int]:
+        """(j, lo, hi): the unit's hash, and the array index of its slot, or ``~index`` of the
+        empty slot where it would go."""
+        lo, hi = self._hash(data)
+        return self._probe(lo, hi), lo, hi
+
+    def _probe(self, lo: int, hi: int) -> int:
         table, mask = self._table, self._mask
         i = lo & mask
-        while table[_WIDTH * i + 2] != 0:
-            if table[_WIDTH * i] == lo and table[_WIDTH * i + 1] == hi:
-                return i
+        while True:
+            j = _WIDTH * i
+            if table[j + 2] == 0:
+                return ~j
+            if table[j] == lo and table[j + 1] == hi:
+                return j
             i = (i + 1) & mask
-        return -1
+
+    def _remember(self, data: bytes, j: int) -> None:
+        recent = self._recent
+        if len(recent) >= _RECENT:
+            recent.clear()
+        recent[data] = j
 
     def _clear(self, capacity: int) -> None:
+        self._recent.clear()
         self._capacity = capacity
         self._mask = capacity - 1
         self._grow_at = int(_MAX_LOAD * capacity)

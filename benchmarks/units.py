@@ -1,0 +1,238 @@
+"""Contribution bounding and unit-level sensitivity: memory, cost, and what a unit costs in noise.
+
+Four sections, one process:
+
+1. **Memory per unit.** A :class:`~stream_dp.privacy.contribution.ContributionBound` admits one
+   event of each of ``--units`` distinct units (default 10⁶, keys ``"customer-<i>"``). Reported
+   per unit: the bytes the bound's objects hold (``sys.getsizeof`` over its attributes: the table,
+   the bounded cache of recent key hashes), the growth of the process's resident set, the table's
+   own ``nbytes`` and the checkpoint's array. Criterion: both measurements ≤ 64 bytes per unit.
+2. **Cost on the dict path.** The throughput benchmark's AUC dict configuration
+   (``benchmarks/throughput.py``: ``OnPairStrC``, ``predict_proba_one`` then ``learn_one`` on dict
+   records, release every step) against the same with ``bound.admit(unit, step + 1)`` before each
+   record, keys drawn from 10⁵ units with a Zipf law. ``k`` is large enough that every event is
+   admitted, so both sides learn the same records and the difference is the bounding alone. Runs
+   alternate in chunks of ``--chunk`` records (A B A B …: a change of machine load hits both);
+   reported: records/s of each, the cost ``1 − B/A``. Criterion: ≤ 15 %.
+3. **Δ_k / Δ_1** for OnPairMF on bank's settings (n = 35 169, window 128, AUC, R = D = 1) and for
+   an unbounded stream (``unbounded_blt()``): the certified unit-level sensitivity and the ρ
+   multiplier ``(Δ_k/Δ_1)²`` at the same σ, for k ∈ {1, 2, 4, 8} and b ∈ {1, 129, 1 000, n/4}.
+4. **Unbounded horizon.** OnPairMF's released noise std at t ∈ {10⁴, 10⁶, 10⁸} with
+   ``horizon=None``, relative to ``OnPairMF(horizon=t)``, for the BLT fitted at 2²⁰ (before) and
+   :func:`~stream_dp.privacy.unbounded_blt.unbounded_blt` (now).
+
+    python benchmarks/units.py                 # ~1 min on a quiet machine (10⁶ units: ~10 s)
+    python benchmarks/units.py --units 100000 --records 20000   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import learner, make_data  # noqa: E402
+
+from stream_dp.online import OnPairMF  # noqa: E402
+from stream_dp.privacy.blt import BLT  # noqa: E402
+from stream_dp.privacy.contribution import MAX_EVENTS, ContributionBound  # noqa: E402
+from stream_dp.privacy.influence import pair_term_bounds, window_pattern  # noqa: E402
+from stream_dp.privacy.unbounded_blt import unbounded_blt  # noqa: E402
+from stream_dp.privacy.unit_sensitivity import unit_sensitivity  # noqa: E402
+
+__all__ = ["main"]
+
+MEMORY_CRITERION = 64
+COST_CRITERION = 0.15
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")  # pragma: no cover - not Linux
+
+
+def held_bytes(bound: ContributionBound) -> int:
+    """Every byte the bound's objects hold: its attributes, the table and the hash cache (its
+    dict, keys, values and their ints) — ``sys.getsizeof`` of each object, once."""
+    seen: set[int] = set()
+    total = 0
+    stack = [bound.__dict__]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, type) or callable(obj):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple):
+            stack.extend(obj)
+    return total
+
+
+def memory(units: int) -> dict:
+    gc.collect()
+    rss0 = rss_bytes()
+    bound = ContributionBound(4, 129, secret=1)
+    t0 = time.perf_counter()
+    for i in range(units):
+        bound.admit(f"customer-{i}", i + 1)
+    seconds = time.perf_counter() - t0
+    gc.collect()
+    rss1 = rss_bytes()
+    assert bound.n_units == units
+    return {
+        "units": units,
+        "held_per_unit": held_bytes(bound) / units,
+        "rss_per_unit": (rss1 - rss0) / units,
+        "table_per_unit": bound.nbytes / units,
+        "checkpoint_per_unit": bound.state_dict()["slots"].nbytes / units,
+        "insert_us": seconds / units * 1e6,
+    }
+
+
+def cost(records: int, chunk: int, d: int, buffer: int) -> dict:
+    data = make_data(records + 500, d, seed=1)
+    rng = np.random.default_rng(2)
+    units = [f"customer-{v:06d}" for v in (rng.zipf(1.3, size=records + 500) % 100_000).tolist()]
+    dicts, ys = data["dicts"], data["y_auc_list"]
+    plain, bounded = learner("auc", data["names"], buffer), learner("auc", data["names"], buffer)
+    bound = ContributionBound(MAX_EVENTS, 1, secret=3)
+    warm = 500
+    for i in range(warm):  # warm-up done, buffers full, kernels loaded
+        plain.predict_proba_one(dicts[i])
+        plain.learn_one(dicts[i], ys[i])
+        if bound.admit(units[i], bounded.step + 1):
+            bounded.predict_proba_one(dicts[i])
+            bounded.learn_one(dicts[i], ys[i])
+    time_a = time_b = 0.0
+    pairs = []
+    for start in range(warm, warm + records, chunk):
+        stop = min(start + chunk, warm + records)
+        t0 = time.perf_counter()
+        for i in range(start, stop):
+            plain.predict_proba_one(dicts[i])
+            plain.learn_one(dicts[i], ys[i])
+        ta = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for i in range(start, stop):
+            if bound.admit(units[i], bounded.step + 1):
+                bounded.predict_proba_one(dicts[i])
+                bounded.learn_one(dicts[i], ys[i])
+        tb = time.perf_counter() - t0
+        time_a, time_b = time_a + ta, time_b + tb
+        pairs.append(ta / tb)
+    assert bounded.step == plain.step  # every event admitted: the same records learned
+    t0 = time.perf_counter()
+    alone = ContributionBound(MAX_EVENTS, 1, secret=3)
+    for i in range(records):
+        alone.admit(units[i], i + 1)
+    admit_us = (time.perf_counter() - t0) / records * 1e6
+    return {
+        "d": d,
+        "buffer": buffer,
+        "plain_rps": records / time_a,
+        "bounded_rps": records / time_b,
+        "cost": 1.0 - time_a / time_b,
+        "median_pair_cost": 1.0 - statistics.median(pairs),
+        "admit_us": admit_us,
+        "units": bound.n_units,
+    }
+
+
+def delta_table() -> list[tuple]:
+    n = 35_169
+    u = window_pattern(128, 128, pair_term_bounds("auc", 1.0, 1.0))
+    f, unbounded = BLT.fit(n), unbounded_blt()
+    rows = []
+    for b in (1, 129, 1000, n // 4):
+        for k in (1, 2, 4, 8):
+            t0 = time.perf_counter()
+            known = unit_sensitivity(f, u, n, k, b)
+            sec = time.perf_counter() - t0
+            inf = unit_sensitivity(unbounded, u, None, k, b)
+            rows.append((k, b, known.sensitivity, known.ratio, known.exact, inf.ratio, sec))
+    return rows
+
+
+def horizon_table() -> list[tuple]:
+    from stream_dp.privacy import mf as mf_module
+
+    common = dict(task="auc", epsilon=1.0, delta=1e-5, features=8)
+    out = []
+    now = OnPairMF(horizon=None, **common)
+    original = mf_module.unbounded_blt
+    try:  # the former behaviour: a BLT fitted for 2²⁰ steps
+        mf_module.unbounded_blt = lambda *a: BLT.fit(1 << 20)
+        before = OnPairMF(horizon=None, **common)
+    finally:
+        mf_module.unbounded_blt = original
+    for t in (10**4, 10**6, 10**8):
+        known = OnPairMF(horizon=t, **common).noise_plan([t])[1]["prefix_std"]
+        out.append((
+            t,
+            before.noise_plan([t])[1]["prefix_std"] / known,
+            now.noise_plan([t])[1]["prefix_std"] / known,
+        ))  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--units", type=int, default=1_000_000)
+    parser.add_argument("--records", type=int, default=40_000)
+    parser.add_argument("--chunk", type=int, default=2_000)
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    ok = True
+
+    m = memory(args.units)
+    print(f"1. memory at {m['units']:,} units: held {m['held_per_unit']:.1f} B/unit (table "
+          f"{m['table_per_unit']:.1f}), RSS growth {m['rss_per_unit']:.1f} B/unit, checkpoint "
+          f"{m['checkpoint_per_unit']:.1f} B/unit; {m['insert_us']:.2f} µs per new unit"
+          )  # fmt: skip
+    verdict = max(m["held_per_unit"], m["rss_per_unit"]) <= MEMORY_CRITERION
+    ok &= verdict
+    print(f"   criterion ≤ {MEMORY_CRITERION} B/unit: {'holds' if verdict else 'FAILS'}")
+
+    print("2. cost of bounding on the dict path (OnPairStrC AUC, predict_proba_one + learn_one):")
+    for d, buffer in ((8, 64), (32, 256)):
+        c = cost(args.records, args.chunk, d, buffer)
+        verdict = c["cost"] <= COST_CRITERION
+        ok &= verdict
+        print(f"   d={d:2d} FIFO({buffer}): {c['plain_rps']:,.0f} rec/s plain, "
+              f"{c['bounded_rps']:,.0f} rec/s bounded ({c['units']:,} units): cost "
+              f"{100 * c['cost']:.1f} % (median chunk pair {100 * c['median_pair_cost']:.1f} %); "
+              f"admit alone {c['admit_us']:.2f} µs — criterion ≤ 15 %: "
+              f"{'holds' if verdict else 'FAILS'}")  # fmt: skip
+
+    print("3. OnPairMF Δ_k/Δ_1 on bank's settings (n = 35 169, window 128, BLT):")
+    print("   | k | b | Δ_k | Δ_k/Δ_1 | ρ × (same σ) | exact | unbounded Δ_k/Δ_1 | s |")
+    print("   |---|---|---|---|---|---|---|---|")
+    for k, b, delta, ratio, exact, inf, sec in delta_table():
+        print(f"   | {k} | {b:,} | {delta:.2f} | {ratio:.2f} | {ratio**2:.1f} | {exact} | "
+              f"{inf:.2f} | {sec:.3f} |")  # fmt: skip
+
+    print("4. OnPairMF(horizon=None): released noise std / OnPairMF(horizon=t)'s:")
+    for t, before, now in horizon_table():
+        print(f"   t = 10^{round(math.log10(t))}: BLT fitted at 2^20 {before:.2f}×, "
+              f"unbounded_blt {now:.2f}×")  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
