@@ -161,11 +161,10 @@ class ContributionBound:
         self._hasher = hashlib.blake2b(key=key.to_bytes(16, "little"), digest_size=16,
                                        person=_PERSON)  # fmt: skip
         self._copy = self._hasher.copy
-        # The slots of recently seen keys (bytes are hashed by Python's seeded SipHash, so keys
-        # cannot be chosen to collide in it): a unit with many events pays for BLAKE2b and the
-        # probe once per _RECENT distinct keys. Units move only when the table grows, which
-        # clears it. Derived, never checkpointed; its size does not grow with the units.
-        self._recent: dict[bytes, int] = {}
+        # The slots of recently seen keys: a unit with many events pays for BLAKE2b and the probe
+        # once per _RECENT distinct keys. Units move only when the table grows, which clears it.
+        # Derived, never checkpointed; its size does not grow with the units.
+        self._recent: dict[str | bytes, int] = {}
         self._recent_get = self._recent.get
         self._check = self._hash(b"\x00stream_dp/unit-key-check")
         self._clear(_MIN_CAPACITY)
@@ -183,14 +182,16 @@ class ContributionBound:
         :attr:`dropped` and changes nothing else. Raises :class:`~stream_dp.records.InvalidRecord`
         for a missing or ambiguous key, leaving the state untouched.
         """
+        # The cache is keyed by the str or bytes itself (Python hashes both with its seeded
+        # SipHash; an int would hash to itself, so ints are looked up by their decimal text).
         kind = type(unit)
-        data = (unit.encode("utf-8", "surrogatepass") if kind is str else unit if kind is bytes
-                else unit_bytes(unit))  # fmt: skip
-        j = self._recent_get(data)
+        ref = unit if kind is str or kind is bytes else unit_bytes(unit)
+        j = self._recent_get(ref)
         if j is None:
+            data = ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref
             j, lo, hi = self._locate(data)
             if j >= 0:
-                self._remember(data, j)
+                self._remember(ref, j)
         if type(step) is not int:
             step = int(step)
         if not self.last_step < step <= MAX_STEP:
@@ -225,7 +226,7 @@ class ContributionBound:
         if self._units > self._grow_at:
             self._resize(2 * self._capacity)  # moves units: forgets the remembered slots
         else:
-            self._remember(data, j)
+            self._remember(ref, j)
         return True
 
     def admit_many(self, units, first_step: int) -> np.ndarray:
@@ -361,11 +362,11 @@ class ContributionBound:
                 return j
             i = (i + 1) & mask
 
-    def _remember(self, data: bytes, j: int) -> None:
+    def _remember(self, ref: str | bytes, j: int) -> None:
         recent = self._recent
         if len(recent) >= _RECENT:
             recent.clear()
-        recent[data] = j
+        recent[ref] = j
 
     def _clear(self, capacity: int) -> None:
         self._recent.clear()
