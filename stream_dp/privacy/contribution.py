@@ -26,6 +26,8 @@ if their hashes collide, with probability below ``m²/2¹²⁹`` for m units (�
 and without the secret an attacker cannot aim a key at another unit's slot (which would spend that
 unit's budget). A collision would merge two units, which only drops more events: merging is never
 a privacy risk, splitting is. So keys are canonical: ``42``, ``"42"`` and ``b"42"`` are one unit.
+A cache of the slots of the last few thousand distinct keys (a fixed size, never checkpointed)
+spares a unit with many events the hash and the probe.
 
 """
 
@@ -40,7 +42,7 @@ import numpy as np
 from stream_dp.privacy.secrets import derive_secret, new_secret
 from stream_dp.records import InvalidRecord
 
-__all__ = ["ContributionBound", "DROP_REASONS", "unit_bytes"]
+__all__ = ["ContributionBound", "DROP_REASONS", "MAX_EVENTS", "MAX_STEP", "unit_bytes"]
 
 #: Why an event was dropped: its unit has k admitted events; its unit's last admitted event is
 #: fewer than b steps back; the table holds ``max_units`` units and this is a new one.
@@ -50,6 +52,7 @@ DROP_REASONS = ("max_events", "min_separation", "max_units")
 _WIDTH = 3
 _COUNT_BITS = 16
 _COUNT_MASK = (1 << _COUNT_BITS) - 1
+#: The largest k, and the largest step (2⁴⁸ − 1), the packed state holds.
 MAX_EVENTS = _COUNT_MASK
 MAX_STEP = (1 << (64 - _COUNT_BITS)) - 1
 # Grow (double) past this load: 24-byte slots then cost 30–60 bytes per unit.
@@ -325,8 +328,14 @@ class ContributionBound:
                 f"{mine}"
             )
         slots = np.asarray(state["slots"], dtype=np.uint64).reshape(-1, _WIDTH)
-        if np.any(slots[:, 2] == 0):
-            raise ValueError("a stored unit without an admitted event")
+        counts = slots[:, 2] & np.uint64(_COUNT_MASK)
+        steps = slots[:, 2] >> np.uint64(_COUNT_BITS)
+        if (
+            np.any(counts == 0)
+            or np.any(counts > self.max_events)
+            or np.any(steps > int(state["last_step"]))
+        ):
+            raise ValueError("the checkpoint's unit table is inconsistent with its bounds")
         dropped = state["dropped"]
         self._clear(_capacity_for(len(slots)))
         self._insert(slots)
