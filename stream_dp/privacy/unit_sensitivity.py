@@ -16,18 +16,19 @@ unit's own events), so with C ≥ 0 the sensitivity is ``max ‖C·U‖`` over a
 
     ‖C·U‖² = Σ_i R(0, n − τ_i) + 2 Σ_{i<j} R(τ_j − τ_i, n − τ_j).
 
-Every term is ≥ 0 and shrinks when its pair moves later (fewer rows). Write ``τ*_i = i·b`` for the
-placement b apart from the start; any admissible placement has ``τ_i ≥ τ*_i`` and
-``τ_j − τ_i ≥ (j − i)·b``. Hence the certified bound
+Every term is ≥ 0 and shrinks when its pair moves later (fewer rows). Write ``τ*_i = i·b``
+(i = 0 … k − 1) for the placement b apart from the start; any admissible placement has
+``τ_i ≥ τ*_i`` and ``τ_j − τ_i ≥ (j − i)·b``. Hence the certified bound
 
     Δ² = Σ_i R(0, n − τ*_i) + 2 Σ_{i<j} max_{s ≥ (j−i)b} R(s, n − τ*_i − s),
 
 valid for every Toeplitz C with non-negative, non-increasing coefficients (BLT, square-root,
 independent). For ``s ≥ L − 1`` (L = len(u)) ``v_{m+s}`` is non-increasing in s, so the max is
-over ``s ∈ [(j−i)b, L − 1]`` only. When ``b ≥ L − 1`` every max sits at ``s = (j − i)b`` and Δ is
-``‖C·U‖`` of the placement b apart from the start: the worst placement, *exactly* (Kalinin &
-Lampert, NeurIPS 2024, Thm. 2, is the case ``L = 1``). Below that separation the bound is exact
-whenever each max sits at its smallest s, which :func:`unit_sensitivity` checks and reports.
+over ``s ∈ [(j−i)b, max((j−i)b, L − 1)]`` only. When ``b ≥ L − 1`` every max sits at
+``s = (j − i)b`` and Δ is ``‖C·U‖`` of the placement b apart from the start: the worst placement,
+*exactly* (Kalinin & Lampert, NeurIPS 2024, Thm. 2, is the case ``L = 1``). Below that separation
+the bound is exact whenever each max sits at its smallest s, which :func:`unit_sensitivity` checks
+and reports.
 
 **Output perturbation** (OnPairStrC, OnPairC). The certified recurrence of
 :mod:`stream_dp.sensitivity` is subadditive over differing records, so ``‖w_t − w′_t‖ ≤
