@@ -168,7 +168,7 @@ def test_growth_and_wrapped_placement_keep_every_unit_reachable() -> None:
     small._insert(slots)
     _assert_reachable(small)
     for lo, hi, _ in slots.tolist():
-        assert small._find((lo, hi)) >= 0
+        assert small._probe(lo, hi) >= 0
 
 
 def test_max_units_refuses_new_units_only() -> None:
@@ -192,3 +192,17 @@ def test_parameters_are_checked(bad) -> None:
     if bad != 1 << 16:
         with pytest.raises(ValueError):
             ContributionBound(1, bad)
+
+
+def test_a_bound_survives_a_deep_copy_and_a_pickle() -> None:
+    import copy
+    import pickle
+
+    bound = ContributionBound(2, 3, secret=5)
+    bound.admit_many(["a", "b", "a", "c"], 1)
+    for other in (copy.deepcopy(bound), pickle.loads(pickle.dumps(bound))):
+        rest = ["a", "b", "d", "a", "b"]
+        assert (
+            other.admit_many(rest, 4).tolist() == copy.deepcopy(bound).admit_many(rest, 4).tolist()
+        )
+        assert other.state_dict()["key_check"] == bound.state_dict()["key_check"]

@@ -161,19 +161,33 @@ class ContributionBound:
         self.max_units = None if max_units is None else _int_in(max_units, "max_units", 1, 1 << 62)
         self.label = str(label)
         key = derive_secret(new_secret() if secret is None else secret, "unit-key/" + self.label)
-        self._hasher = hashlib.blake2b(key=key.to_bytes(16, "little"), digest_size=16,
-                                       person=_PERSON)  # fmt: skip
-        self._copy = self._hasher.copy
-        # The slots of recently seen keys: a unit with many events pays for BLAKE2b and the probe
-        # once per _RECENT distinct keys. Units move only when the table grows, which clears it.
-        # Derived, never checkpointed; its size does not grow with the units.
-        self._recent: dict[str | bytes, int] = {}
-        self._recent_get = self._recent.get
+        self._key = key.to_bytes(16, "little")
+        self._derived()
         self._check = self._hash(b"\x00stream_dp/unit-key-check")
         self._clear(_MIN_CAPACITY)
-        self.admitted = 0
         self._dropped = [0, 0, 0]
         self.last_step = 0  # the step of the latest admitted event: steps only increase
+
+    def _derived(self) -> None:
+        """The keyed hash and the cache: rebuilt, never stored (hash objects do not pickle)."""
+        self._copy = hashlib.blake2b(key=self._key, digest_size=16, person=_PERSON).copy
+        # Where the state word of each recently seen unit is: a unit with many events pays for
+        # BLAKE2b and the probe once per _RECENT distinct keys. Keyed by the str or bytes itself
+        # (Python hashes both with its seeded SipHash; an int would hash to itself, so ints go
+        # by their decimal text). Units move only when the table grows, which clears it. Its size
+        # does not grow with the units.
+        self._recent: dict[str | bytes, int] = {}
+        self._recent_get = self._recent.get
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for name in ("_copy", "_recent", "_recent_get"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._derived()
 
     # -- admission ------------------------------------------------------------------------------
     def admit(self, unit, step: int) -> bool:
@@ -185,37 +199,39 @@ class ContributionBound:
         :attr:`dropped` and changes nothing else. Raises :class:`~stream_dp.records.InvalidRecord`
         for a missing or ambiguous key, leaving the state untouched.
         """
-        # The cache is keyed by the str or bytes itself (Python hashes both with its seeded
-        # SipHash; an int would hash to itself, so ints are looked up by their decimal text).
-        kind = type(unit)
-        ref = unit if kind is str or kind is bytes else unit_bytes(unit)
-        j = self._recent_get(ref)
-        if j is None:
-            data = ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref
-            j, lo, hi = self._locate(data)
-            if j >= 0:
-                self._remember(ref, j)
-        if type(step) is not int:
-            step = int(step)
-        if not self.last_step < step <= MAX_STEP:
-            raise ValueError(
-                f"step {step} is not after the last admitted step {self.last_step}: the learner "
-                "and its contribution bound are out of step"
-            )
+        # The common case, a unit seen recently, in as few operations as possible.
+        ref = unit if type(unit) is str else unit_bytes(unit)
+        at = self._recent_get(ref)
+        if at is None:
+            return self._admit_cold(ref, step)
+        if type(step) is not int or not self.last_step < step <= MAX_STEP:
+            step = self._check_step(step)
         table = self._table
-        if j >= 0:
-            state = table[j + 2]
-            count = state & _COUNT_MASK
-            if count >= self.max_events:
-                self._dropped[0] += 1
-                return False
-            if step - (state >> _COUNT_BITS) < self.min_separation:
-                self._dropped[1] += 1
-                return False
-            table[j + 2] = (step << _COUNT_BITS) | (count + 1)
+        state = table[at]
+        if (state & _COUNT_MASK) < self.max_events and (
+            step - (state >> _COUNT_BITS) >= self.min_separation
+        ):
+            table[at] = (step << _COUNT_BITS) | ((state & _COUNT_MASK) + 1)
             self.last_step = step
-            self.admitted += 1
             return True
+        return self._drop(state)
+
+    def _admit_cold(self, ref: str | bytes, step) -> bool:
+        """:meth:`admit` for a unit not in the cache: hash, probe, and insert a new unit."""
+        step = self._check_step(step)
+        j, lo, hi = self._locate(ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref)
+        table = self._table
+        if j >= 0:  # a known unit
+            at = j + 2
+            self._remember(ref, at)
+            state = table[at]
+            if (state & _COUNT_MASK) < self.max_events and (
+                step - (state >> _COUNT_BITS) >= self.min_separation
+            ):
+                table[at] = (step << _COUNT_BITS) | ((state & _COUNT_MASK) + 1)
+                self.last_step = step
+                return True
+            return self._drop(state)
         if self.max_units is not None and self._units >= self.max_units:
             self._dropped[2] += 1
             return False
@@ -225,12 +241,24 @@ class ContributionBound:
         table[j + 2] = (step << _COUNT_BITS) | 1
         self._units += 1
         self.last_step = step
-        self.admitted += 1
         if self._units > self._grow_at:
             self._resize(2 * self._capacity)  # moves units: forgets the remembered slots
         else:
-            self._remember(ref, j)
+            self._remember(ref, j + 2)
         return True
+
+    def _check_step(self, step) -> int:
+        step = int(step)
+        if not self.last_step < step <= MAX_STEP:
+            raise ValueError(
+                f"step {step} is not after the last admitted step {self.last_step}: the learner "
+                "and its contribution bound are out of step"
+            )
+        return step
+
+    def _drop(self, state: int) -> bool:
+        self._dropped[0 if (state & _COUNT_MASK) >= self.max_events else 1] += 1
+        return False
 
     def admit_many(self, units, first_step: int) -> np.ndarray:
         """:meth:`admit` for each unit in order; admitted events take ``first_step``,
@@ -257,14 +285,19 @@ class ContributionBound:
 
     def events_of(self, unit) -> int:
         """The number of admitted events of ``unit`` (0 for a unit never admitted)."""
-        slot = self._find(self._hash(unit_bytes(unit)))
-        return 0 if slot < 0 else int(self._table[_WIDTH * slot + 2] & _COUNT_MASK)
+        j = self._probe(*self._hash(unit_bytes(unit)))
+        return 0 if j < 0 else int(self._table[j + 2] & _COUNT_MASK)
 
     # -- what it did ----------------------------------------------------------------------------
     @property
     def dropped(self) -> dict[str, int]:
         """Dropped events by reason (:data:`DROP_REASONS`)."""
         return dict(zip(DROP_REASONS, self._dropped, strict=True))
+
+    @property
+    def admitted(self) -> int:
+        """Events admitted so far: the sum of the units' counts."""
+        return int(np.sum(self._view()[:, 2] & np.uint64(_COUNT_MASK), dtype=np.uint64))
 
     @property
     def n_units(self) -> int:
@@ -302,7 +335,6 @@ class ContributionBound:
             "max_units": self.max_units,
             "key_check": [int(v) for v in self._check],
             "last_step": self.last_step,
-            "admitted": self.admitted,
             "dropped": self.dropped,
             "slots": view[occupied].copy(),
         }
@@ -340,7 +372,6 @@ class ContributionBound:
         self._clear(_capacity_for(len(slots)))
         self._insert(slots)
         self.last_step = int(state["last_step"])
-        self.admitted = int(state["admitted"])
         self._dropped = [int(dropped[r]) for r in DROP_REASONS]
 
     # -- the table ------------------------------------------------------------------------------
@@ -348,11 +379,6 @@ class ContributionBound:
         h = self._copy()
         h.update(data)
         return _UNPACK(h.digest())
-
-    def _find(self, key: tuple[int, int]) -> int:
-        """The slot (not its first array index) of the unit with hash ``key``, or −1."""
-        j = self._probe(*key)
-        return j // _WIDTH if j >= 0 else -1
 
     def _locate(self, data: bytes) -> tuple[int, int, int]:
         """(j, lo, hi): the unit's hash, and the array index of its slot, or ``~index`` of the
@@ -371,11 +397,11 @@ class ContributionBound:
                 return j
             i = (i + 1) & mask
 
-    def _remember(self, ref: str | bytes, j: int) -> None:
+    def _remember(self, ref: str | bytes, at: int) -> None:
         recent = self._recent
         if len(recent) >= _RECENT:
             recent.clear()
-        recent[ref] = j
+        recent[ref] = at
 
     def _clear(self, capacity: int) -> None:
         self._recent.clear()
