@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stream_dp.privacy import contribution
 from stream_dp.privacy.contribution import DROP_REASONS, ContributionBound, unit_bytes
 from stream_dp.records import InvalidRecord
 
@@ -37,7 +38,9 @@ def _skewed_units(rng, n: int, units: int) -> list:
 
 
 @pytest.mark.parametrize("k,b", [(1, 1), (2, 1), (3, 5), (4, 129), (8, 40)])
-def test_admissions_follow_the_rule(k: int, b: int) -> None:
+def test_admissions_follow_the_rule(k: int, b: int, monkeypatch) -> None:
+    if k % 2:  # a small cache: units go in and out of it all the time
+        monkeypatch.setattr(contribution, "_RECENT", 32)
     rng = np.random.default_rng(k * 100 + b)
     units = _skewed_units(rng, 20_000, 3_000)
     bound = ContributionBound(k, b, secret=11)
@@ -57,6 +60,24 @@ def test_admissions_follow_the_rule(k: int, b: int) -> None:
     assert all(np.all(np.diff(s) >= b) for s in steps.values())
     assert bound.n_units == len(steps)
     assert all(bound.events_of(u) == len(s) for u, s in list(steps.items())[:500])
+
+
+@pytest.mark.parametrize("recent", [16, 4096])
+@pytest.mark.parametrize("k,b", [(2, 1), (3, 4)])
+def test_one_unit_under_several_names_has_one_budget(k: int, b: int, recent: int, monkeypatch):
+    # 42, "42", b"42" and np.int64(42) name one unit, interleaved at random, with enough other
+    # units to push it out of the (write-back) cache and grow the table in between.
+    monkeypatch.setattr(contribution, "_RECENT", recent)
+    rng = np.random.default_rng(k + b)
+    names = [lambda v: v, lambda v: str(v), lambda v: str(v).encode(), lambda v: np.int64(v)]
+    units = []
+    for _ in range(30_000):
+        v = int(rng.zipf(1.2)) % 9_000
+        units.append(names[int(rng.integers(4))](v))
+    bound = ContributionBound(k, b, secret=2)
+    mask = bound.admit_many(units, 1)
+    assert mask.tolist() == _reference(units, k, b)
+    assert bound._capacity > 1024  # it grew while units were cached
 
 
 def test_a_dropped_event_shifts_no_other_units_step() -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import itertools
 import struct
 
 import numpy as np
@@ -107,6 +108,19 @@ def unit_bytes(unit) -> bytes:
     )
 
 
+def _reference(unit) -> str | bytes:
+    """One hashable name per unit: its canonical bytes as a str when they are UTF-8 (surrogates
+    allowed, as :func:`unit_bytes` encodes them), else the bytes. ``42``, ``"42"`` and ``b"42"``
+    all give ``"42"``, so a unit has a single entry in :class:`ContributionBound`'s cache."""
+    if type(unit) is str:
+        return unit
+    data = unit_bytes(unit)
+    try:
+        return data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return data
+
+
 class ContributionBound:
     """Stable truncation of a keyed stream: ≤ k admitted events per unit, ≥ b steps apart.
 
@@ -171,17 +185,21 @@ class ContributionBound:
     def _derived(self) -> None:
         """The keyed hash and the cache: rebuilt, never stored (hash objects do not pickle)."""
         self._copy = hashlib.blake2b(key=self._key, digest_size=16, person=_PERSON).copy
-        # Where the state word of each recently seen unit is: a unit with many events pays for
-        # BLAKE2b and the probe once per _RECENT distinct keys. Keyed by the str or bytes itself
-        # (Python hashes both with its seeded SipHash; an int would hash to itself, so ints go
-        # by their decimal text). Units move only when the table grows, which clears it. Its size
-        # does not grow with the units.
-        self._recent: dict[str | bytes, int] = {}
-        self._recent_get = self._recent.get
+        # A write-back cache of the recently seen units: their packed state (the table's copy is
+        # stale while they are here) and where it goes in the table. A unit with many events
+        # pays for BLAKE2b and the probe once per _RECENT distinct units; the table is written
+        # when the cache is full, before it grows, and before anything reads it. Keyed by the
+        # unit's one canonical name (_reference): two names of one unit must never hold two
+        # states. str and bytes are hashed by Python's seeded SipHash, so keys cannot be chosen
+        # to collide in it. Its size does not grow with the units.
+        self._states: dict[str | bytes, int] = {}
+        self._states_get = self._states.get
+        self._slots: dict[str | bytes, int] = {}
 
     def __getstate__(self) -> dict:
+        self._flush()
         state = dict(self.__dict__)
-        for name in ("_copy", "_recent", "_recent_get"):
+        for name in ("_copy", "_states", "_states_get", "_slots"):
             del state[name]
         return state
 
@@ -199,52 +217,73 @@ class ContributionBound:
         :attr:`dropped` and changes nothing else. Raises :class:`~stream_dp.records.InvalidRecord`
         for a missing or ambiguous key, leaving the state untouched.
         """
-        # The common case, a unit seen recently, in as few operations as possible.
-        ref = unit if type(unit) is str else unit_bytes(unit)
-        at = self._recent_get(ref)
-        if at is None:
-            return self._admit_cold(ref, step)
-        if type(step) is not int or not self.last_step < step <= MAX_STEP:
-            step = self._check_step(step)
-        table = self._table
-        state = table[at]
+        # The common case — a unit in the cache, a valid step — in as few operations as possible.
+        try:
+            state = self._states_get(unit)
+        except TypeError:  # unhashable: not a unit key (the cold path says why)
+            state = None
+        if state is not None and type(step) is int and self.last_step < step <= MAX_STEP:
+            if (state & _COUNT_MASK) < self.max_events and (
+                step - (state >> _COUNT_BITS) >= self.min_separation
+            ):
+                self._states[unit] = (step << _COUNT_BITS) | ((state & _COUNT_MASK) + 1)
+                self.last_step = step
+                return True
+            return self._drop(state)
+        return self._admit_cold(unit, step)
+
+    def _admit_cold(self, unit, step) -> bool:
+        """:meth:`admit` for a unit not in the cache under this name: check the step, find the
+        unit (hash and probe) or insert it, and cache it. Written out in one function: a stream
+        where many units are new takes this path often."""
+        step = self._check_step(step)
+        ref = unit if type(unit) is str else _reference(unit)  # InvalidRecord: not a unit key
+        states = self._states
+        state = states.get(ref)
+        if state is None:
+            h = self._copy()
+            h.update(ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref)
+            lo, hi = _UNPACK(h.digest())
+            table, mask = self._table, self._mask
+            i = lo & mask
+            while True:  # linear probing (see _probe)
+                j = _WIDTH * i
+                state = table[j + 2]
+                if state == 0:
+                    return self._insert_unit(ref, j, lo, hi, step)
+                if table[j] == lo and table[j + 1] == hi:
+                    break
+                i = (i + 1) & mask
+            if len(states) >= _RECENT:
+                self._evict()
+            states[ref] = state
+            self._slots[ref] = j + 2
         if (state & _COUNT_MASK) < self.max_events and (
             step - (state >> _COUNT_BITS) >= self.min_separation
         ):
-            table[at] = (step << _COUNT_BITS) | ((state & _COUNT_MASK) + 1)
+            states[ref] = (step << _COUNT_BITS) | ((state & _COUNT_MASK) + 1)
             self.last_step = step
             return True
         return self._drop(state)
 
-    def _admit_cold(self, ref: str | bytes, step) -> bool:
-        """:meth:`admit` for a unit not in the cache: hash, probe, and insert a new unit."""
-        step = self._check_step(step)
-        j, lo, hi = self._locate(ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref)
-        table = self._table
-        if j >= 0:  # a known unit
-            at = j + 2
-            self._remember(ref, at)
-            state = table[at]
-            if (state & _COUNT_MASK) < self.max_events and (
-                step - (state >> _COUNT_BITS) >= self.min_separation
-            ):
-                table[at] = (step << _COUNT_BITS) | ((state & _COUNT_MASK) + 1)
-                self.last_step = step
-                return True
-            return self._drop(state)
+    def _insert_unit(self, ref: str | bytes, j: int, lo: int, hi: int, step: int) -> bool:
+        """A new unit's first event, at the empty slot j (array index): admitted."""
         if self.max_units is not None and self._units >= self.max_units:
             self._dropped[2] += 1
             return False
-        j = ~j
+        table = self._table
+        state = (step << _COUNT_BITS) | 1
         table[j] = lo
         table[j + 1] = hi
-        table[j + 2] = (step << _COUNT_BITS) | 1
+        table[j + 2] = state
         self._units += 1
         self.last_step = step
+        if len(self._states) >= _RECENT:
+            self._evict()
+        self._states[ref] = state
+        self._slots[ref] = j + 2
         if self._units > self._grow_at:
-            self._resize(2 * self._capacity)  # moves units: forgets the remembered slots
-        else:
-            self._remember(ref, j + 2)
+            self._resize(2 * self._capacity)  # moves units; the cache follows them
         return True
 
     def _check_step(self, step) -> int:
@@ -285,6 +324,7 @@ class ContributionBound:
 
     def events_of(self, unit) -> int:
         """The number of admitted events of ``unit`` (0 for a unit never admitted)."""
+        self._flush()
         j = self._probe(*self._hash(unit_bytes(unit)))
         return 0 if j < 0 else int(self._table[j + 2] & _COUNT_MASK)
 
@@ -297,6 +337,7 @@ class ContributionBound:
     @property
     def admitted(self) -> int:
         """Events admitted so far: the sum of the units' counts."""
+        self._flush()
         return int(np.sum(self._view()[:, 2] & np.uint64(_COUNT_MASK), dtype=np.uint64))
 
     @property
@@ -326,6 +367,7 @@ class ContributionBound:
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The occupied slots (24 bytes per unit), the counters and a check of the hash key."""
+        self._flush()
         view = self._view()
         occupied = view[:, 2] != 0
         return {
@@ -380,12 +422,6 @@ class ContributionBound:
         h.update(data)
         return _UNPACK(h.digest())
 
-    def _locate(self, data: bytes) -> tuple[int, int, int]:
-        """(j, lo, hi): the unit's hash, and the array index of its slot, or ``~index`` of the
-        empty slot where it would go."""
-        lo, hi = self._hash(data)
-        return self._probe(lo, hi), lo, hi
-
     def _probe(self, lo: int, hi: int) -> int:
         table, mask = self._table, self._mask
         i = lo & mask
@@ -397,14 +433,24 @@ class ContributionBound:
                 return j
             i = (i + 1) & mask
 
-    def _remember(self, ref: str | bytes, at: int) -> None:
-        recent = self._recent
-        if len(recent) >= _RECENT:
-            recent.clear()
-        recent[ref] = at
+    def _evict(self) -> None:
+        """Drop the older half of the cache (first inserted), its states written to the table."""
+        self._flush()
+        states, slots = self._states, self._slots
+        for ref in list(itertools.islice(states, len(states) // 2 or 1)):
+            del states[ref]
+            del slots[ref]
+
+    def _flush(self) -> None:
+        """Write the cached states into the table (the cache keeps them)."""
+        if self._states:
+            at = np.fromiter(self._slots.values(), dtype=np.int64, count=len(self._slots))
+            states = np.fromiter(self._states.values(), dtype=np.uint64, count=len(at))
+            np.frombuffer(self._table, dtype=np.uint64)[at] = states
 
     def _clear(self, capacity: int) -> None:
-        self._recent.clear()
+        self._states.clear()
+        self._slots.clear()
         self._capacity = capacity
         self._mask = capacity - 1
         self._grow_at = int(_MAX_LOAD * capacity)
@@ -415,13 +461,23 @@ class ContributionBound:
         return np.frombuffer(self._table, dtype=np.uint64).reshape(-1, _WIDTH)
 
     def _resize(self, capacity: int) -> None:
+        """Rehash into a table of ``capacity`` slots; cached units follow their slots."""
+        self._flush()
         view = self._view()
-        slots = view[view[:, 2] != 0].copy()
+        occupied = np.flatnonzero(view[:, 2] != 0)
+        slots = view[occupied].copy()
+        states, where = dict(self._states), list(self._slots.items())
         self._clear(capacity)
-        self._insert(slots)
+        moved = self._insert(slots)  # new slot of each old occupied slot, in that order
+        if where:
+            old = np.array([at for _, at in where], dtype=np.int64) // _WIDTH
+            new = moved[np.searchsorted(occupied, old)] * _WIDTH + 2
+            self._states.update(states)
+            self._slots.update(zip((ref for ref, _ in where), new.tolist(), strict=True))
 
-    def _insert(self, slots: np.ndarray) -> None:
-        """Place distinct units into the empty table by linear probing, vectorised.
+    def _insert(self, slots: np.ndarray) -> np.ndarray:
+        """Place distinct units into the empty table by linear probing, vectorised; returns the
+        slot each row of ``slots`` went to.
 
         Sorted by home slot h, the i-th unit goes to ``max(h_i, p_{i−1} + 1) = i + max_{j≤i}(h_j −
         j)``. Units pushed past the end wrap to the front: they are placed again, first, with home
@@ -429,24 +485,25 @@ class ContributionBound:
         is past the end (the table is at most 80 % full).
         """
         m = len(slots)
-        if m == 0:
-            return
         if m > self._grow_at:
             raise ValueError("more units than the table may hold")
         home = (slots[:, 0] & np.uint64(self._mask)).astype(np.int64)
-        order = np.argsort(home, kind="stable")
-        home, slots = home[order], slots[order]
+        rows = np.argsort(home, kind="stable")  # rows[i]: the input row placed i-th
+        home = home[rows]
         while True:
             idx = np.arange(m, dtype=np.int64)
-            pos = idx + np.maximum.accumulate(home - idx)
+            pos = idx + np.maximum.accumulate(home - idx) if m else idx
             spill = pos >= self._capacity
             if not spill.any():
                 break
             first = np.concatenate([np.flatnonzero(spill), np.flatnonzero(~spill)])
-            slots = slots[first]
+            rows = rows[first]
             home = np.where(spill, 0, home)[first]
-        self._view()[pos] = slots
+        self._view()[pos] = slots[rows]
         self._units = m
+        placed = np.empty(m, dtype=np.int64)
+        placed[rows] = pos
+        return placed
 
 
 def _capacity_for(units: int) -> int:
