@@ -1,18 +1,48 @@
 """The ``stream-dp`` console script.
 
-Sub-commands are thin: each parses its arguments and calls one module's ``main``, imported
-lazily so that ``stream-dp --help`` stays fast and the Kafka client is loaded only by ``run``.
+Sub-commands are thin: each is one module with ``add_arguments(parser)`` (which sets the
+``func`` the command runs) and a docstring that is its ``--help`` description. Only the module
+of the command being run is imported, so ``stream-dp --help`` loads none of them (no NumPy,
+pydantic, numba or Kafka client) and the Kafka client is loaded only by the commands that talk
+to a broker.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-__all__ = ["main", "build_parser"]
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+#: ``name: (module, one-line help)``, in the order ``stream-dp --help`` lists them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": (
+        "stream_dp.apps.demo",
+        "the embedded main job: stream real data through GIGA, OnPairStrC, OnPairC",
+    ),
+    "run": ("stream_dp.engine.cli", "run the streaming engine (Kafka)"),
+    "audit": ("stream_dp.audit.cli", "empirical DP audit of a learner"),
+    "produce": (
+        "stream_dp.apps.produce",
+        "send a bundled dataset to a Kafka topic (for trying run)",
+    ),
+    "watch": ("stream_dp.apps.watch", "read a release topic; rebuild and score each release"),
+    "merge": (
+        "stream_dp.apps.merge",
+        "publish the average of a per-partition model's latest releases (no budget)",
+    ),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``stream-dp``, with the arguments of ``command`` (None: of every command).
+
+    Examples
+    --------
+    >>> build_parser("produce").parse_args(["produce", "--bootstrap", "b:9092"]).topic
+    'records'
+    """
     parser = argparse.ArgumentParser(
         prog="stream-dp",
         description=(
@@ -21,62 +51,31 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    from stream_dp.apps import demo
-
-    demo.add_arguments(
-        sub.add_parser(
-            "demo",
-            help="the embedded main job: stream real data through GIGA, OnPairStrC, OnPairC",
-            description=demo.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+    for name, (module, help_text) in COMMANDS.items():
+        if command is not None and name != command:
+            sub.add_parser(name, help=help_text)
+            continue
+        mod = importlib.import_module(module)
+        mod.add_arguments(
+            sub.add_parser(
+                name,
+                help=help_text,
+                description=mod.__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
         )
-    )
-    _register_optional(sub, "stream_dp.engine.cli", "run", "run the streaming engine (Kafka)")
-    _register_optional(sub, "stream_dp.audit.cli", "audit", "empirical DP audit of a learner")
-    from stream_dp.engine import tools
-
-    tools.add_produce_arguments(
-        sub.add_parser("produce", help="send a bundled dataset to a Kafka topic (for trying run)")
-    )
-    tools.add_watch_arguments(
-        sub.add_parser("watch", help="read a release topic; rebuild and score each release")
-    )
-    from stream_dp.engine import merge
-
-    merge.add_merge_arguments(
-        sub.add_parser(
-            "merge",
-            help="publish the average of a per-partition model's latest releases (no budget)",
-            description=merge.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    )
     return parser
 
 
-def _register_optional(sub, module: str, name: str, help_text: str) -> None:
-    import importlib
-
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name and module.startswith(exc.name):
-            return  # that part of the product is not installed in this build
-        raise
-    mod.add_arguments(
-        sub.add_parser(
-            name,
-            help=help_text,
-            description=mod.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    )
+def _command(argv: list[str]) -> str:
+    """The command ``argv`` names ("" when none: the top-level help or a usage error)."""
+    first = next((a for a in argv if not a.startswith("-")), "")
+    return first if first in COMMANDS else ""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_command(argv)).parse_args(argv)
     return int(args.func(args) or 0)
 
 

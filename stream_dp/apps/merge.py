@@ -1,4 +1,4 @@
-"""``stream-dp merge``: one model for consumers from the releases of K partition learners.
+"""stream-dp merge: one model for consumers from the releases of K partition learners.
 
 A per-partition model (:mod:`stream_dp.engine.scaleout`) publishes K release streams,
 ``<model>/p0`` ... ``<model>/p<K-1>``. ``merge`` reads the release topic ``read_committed``
@@ -12,6 +12,9 @@ single central learner over all the data would, at the same step count, carry ab
 it -- the merged model has about √K times the noise of a central learner. The design that
 removes this cost is a central aggregator: workers send clipped gradient sums (never noised
 models) to one coordinator, which adds the noise once (``docs/privacy.md``, "Scale-out").
+
+Exit codes: 0 done (the release topic was idle for --idle-seconds); 4 Kafka unreachable or
+misconfigured, or the release topic does not exist (within 20 s).
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MergedModel", "add_merge_arguments", "merge_main", "merged_message"]
+from stream_dp.apps.kafka_tools import add_bootstrap_argument, exit_codes, probe, release_consumer
+from stream_dp.engine.cli import add_common_arguments, configure_logging, one_line_errors
+
+__all__ = ["MERGED_SCHEMA", "MergedModel", "add_arguments", "main", "merged_message"]
 
 MERGED_SCHEMA = "stream-dp/merged/1"
 
@@ -128,38 +134,41 @@ def merged_message(model: str, latest: Mapping[str, Any]) -> bytes:
     ).encode()
 
 
-def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
-    parser.add_argument("--topic", default="releases", help="release topic (default: releases)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_bootstrap_argument(parser)
+    parser.add_argument(
+        "--topic", default="releases", help="release topic to read (default: %(default)s)"
+    )
     parser.add_argument("--model", required=True, help="the per-partition model's model_id")
     parser.add_argument(
         "--to", default=None, help="topic of the merged model (default: <topic>.merged)"
     )
     parser.add_argument(
-        "--every-seconds", type=float, default=1.0, help="publish at most this often"
+        "--every-seconds",
+        type=float,
+        default=1.0,
+        help="publish at most this often (default: %(default)s)",
     )
     parser.add_argument(
-        "--idle-seconds", type=float, default=10.0, help="stop after this long without releases"
+        "--idle-seconds",
+        type=float,
+        default=10.0,
+        help="stop after this long without releases (default: %(default)s)",
     )
-    from stream_dp.engine.cli import add_common_arguments
-
     add_common_arguments(parser)
-    parser.set_defaults(func=merge_main)
+    parser.set_defaults(func=main)
 
 
-def merge_main(args: argparse.Namespace) -> int:
-    from stream_dp.engine.cli import configure_logging, one_line_errors
-    from stream_dp.engine.tools import _kafka_codes
-
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``stream-dp merge`` (``args`` from :func:`add_arguments`)."""
     configure_logging("WARNING", args.verbose)
-    return one_line_errors("merge", args.debug, _kafka_codes(), lambda: _merge(args))
+    return one_line_errors("merge", args.debug, exit_codes(), lambda: _merge(args))
 
 
 def _merge(args: argparse.Namespace) -> int:
     from connectors import KafkaSink, ReleaseMessage
-    from stream_dp.engine.tools import _probe, release_consumer
 
-    _probe(args.bootstrap)
+    probe(args.bootstrap, [args.topic])
     out_topic = args.to or f"{args.topic}.merged"
     prefix = f"{args.model}/p"
     consumer = release_consumer(args.bootstrap, args.topic, args.idle_seconds)
