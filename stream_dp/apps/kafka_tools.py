@@ -8,8 +8,10 @@ not exist, is one line on stderr and exit code 4 within 20 s; a bad argument is 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from stream_dp.engine.cli import configure_logging, one_line_errors
 
 __all__ = [
     "PROBE_TIMEOUT_SECONDS",
@@ -18,6 +20,7 @@ __all__ = [
     "exit_codes",
     "probe",
     "release_consumer",
+    "run_app",
 ]
 
 #: Bound on the broker probe of every app.
@@ -33,6 +36,14 @@ def exit_codes() -> dict[type[BaseException], int]:
     from connectors.admin import KafkaProblem
 
     return {BadArgument: 2, KafkaProblem: 4}
+
+
+def run_app(command: str, args: argparse.Namespace, work: Callable[[], int]) -> int:
+    """Run an app's ``work`` with the command line's conventions: the Kafka client's chatter
+    kept down (unless ``--verbose``), every error one stderr line and an exit code (the
+    traceback with ``--debug``)."""
+    configure_logging("WARNING", args.verbose)
+    return one_line_errors(command, args.debug, exit_codes(), work)
 
 
 def probe(bootstrap: str, topics: Sequence[str] = ()) -> None:

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from stream_dp.apps.kafka_tools import add_bootstrap_argument, exit_codes, probe, release_consumer
-from stream_dp.engine.cli import add_common_arguments, configure_logging, one_line_errors
+from stream_dp.apps.kafka_tools import add_bootstrap_argument, probe, release_consumer, run_app
+from stream_dp.engine.cli import add_common_arguments
 
 __all__ = ["MERGED_SCHEMA", "MergedModel", "add_arguments", "main", "merged_message"]
 
@@ -161,8 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``stream-dp merge`` (``args`` from :func:`add_arguments`)."""
-    configure_logging("WARNING", args.verbose)
-    return one_line_errors("merge", args.debug, exit_codes(), lambda: _merge(args))
+    return run_app("merge", args, lambda: _merge(args))
 
 
 def _merge(args: argparse.Namespace) -> int:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from stream_dp.apps.kafka_tools import BadArgument, add_bootstrap_argument, exit_codes, probe
-from stream_dp.engine.cli import add_common_arguments, configure_logging, one_line_errors
+from stream_dp.apps.kafka_tools import BadArgument, add_bootstrap_argument, probe, run_app
+from stream_dp.engine.cli import add_common_arguments
 
 __all__ = ["add_arguments", "main"]
 
@@ -54,8 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``stream-dp produce`` (``args`` from :func:`add_arguments`)."""
-    configure_logging("WARNING", args.verbose)
-    return one_line_errors("produce", args.debug, exit_codes(), lambda: _produce(args))
+    return run_app("produce", args, lambda: _produce(args))
 
 
 def _produce(args: argparse.Namespace) -> int:

@@ -20,11 +20,11 @@ import sys
 from stream_dp.apps.kafka_tools import (
     BadArgument,
     add_bootstrap_argument,
-    exit_codes,
     probe,
     release_consumer,
+    run_app,
 )
-from stream_dp.engine.cli import add_common_arguments, configure_logging, one_line_errors
+from stream_dp.engine.cli import add_common_arguments
 
 __all__ = ["add_arguments", "main"]
 
@@ -60,8 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``stream-dp watch`` (``args`` from :func:`add_arguments`)."""
-    configure_logging("WARNING", args.verbose)
-    return one_line_errors("watch", args.debug, exit_codes(), lambda: _watch(args))
+    return run_app("watch", args, lambda: _watch(args))
 
 
 def _watch(args: argparse.Namespace) -> int:
