@@ -491,6 +491,21 @@ def test_state_errors_are_one_line_with_exit_code_3(tmp_path, capsys):
         Engine(blocked).run()
 
 
+def test_a_refused_resume_names_the_parameters_that_changed(tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(20)) + b"\n")
+    cfg = config(tmp_path)
+    Engine(cfg).run()
+    changed = cfg.model_copy(
+        update={"model": cfg.model.model_copy(update={"alpha": 2.0, "buffer": 32})}
+    )
+    capsys.readouterr()
+    assert cli_main(["run", "--config", str(_toml(tmp_path, changed))]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "alpha: 1.0 -> 2.0" in err and "buffer: 16 -> 32" in err, err
+    assert "release_every" not in err, "only what changed is named"
+
+
 def _toml(tmp: Path, cfg: EngineConfig) -> Path:
     d = cfg.model_dump(exclude_none=True)
     lines = []

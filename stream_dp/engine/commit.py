@@ -1,25 +1,25 @@
 """The commit cycle: nothing derived from input is visible before a checkpoint covers it.
 
 The engine learns records and collects what they produce -- release messages and dead letters
--- in an :class:`Outbox`. A cycle then
+-- in an :class:`Outbox`. :meth:`CommitCycle.end` then, in this order and only here,
 
-1. writes the checkpoint: learner, ledger, source positions, run id, cycle number and the
-   outbox, atomically;
-2. publishes the outbox with :class:`Outputs`: to Kafka in one transaction that also commits
-   the source offsets tagged ``"<run id> <cycle>"`` (when source and sinks share a cluster),
-   otherwise to each sink and then records the cycle (consumer-group commit or
-   ``<checkpoint>.published``).
+1. waits for the previous cycle's publication (at most one is ever in flight);
+2. writes the checkpoint: learner, ledger, source positions, run id, cycle number and the
+   outbox, atomically (the *state*);
+3. publishes the outbox with :class:`~stream_dp.engine.outputs.Outputs`: to Kafka in one
+   transaction that also commits the source offsets tagged ``"<run id> <cycle>"`` (when source
+   and sinks share a cluster), otherwise to each sink and then records the cycle
+   (consumer-group commit or ``<checkpoint>.published``) (the *sinks*, then the *offsets*).
 
-A crash before step 1 leaves nothing visible: the replay may learn the records in another
-order (several partitions interleave by timing) and that is harmless, because no release of
-those steps was ever published. A crash after step 1 leaves a checkpoint whose outbox is either
-published or not; :meth:`Outputs.published` tells which, and the restart publishes the very
-same bytes if needed. Hence every release that anyone can read is one a durable checkpoint
-holds, and for every (model, run, step) one content is ever published (``docs/privacy.md``,
-"The engine: one release per step").
-
-The outbox, the publication record, the outputs and the cycle that orders them are one concept
--- the invariant above holds only for them together -- hence one module (about 540 lines).
+The state comes first, unlike in engines that may replay what they published (Quix Streams'
+checkpoint flushes its sinks before its state): a release may become visible only once a
+durable checkpoint holds it. A crash before step 2 leaves nothing visible: the replay may learn
+the records in another order (several partitions interleave by timing) and that is harmless,
+because no release of those steps was ever published. A crash after step 2 leaves a checkpoint
+whose outbox is either published or not; the publication record tells which, and the restart
+publishes the very same bytes if needed (:meth:`CommitCycle.recover`). Hence every release
+that anyone can read is one a durable checkpoint holds, and for every (model, run, step) one
+content is ever published (``docs/privacy.md``, "The engine: one release per step").
 """
 
 from __future__ import annotations
@@ -28,32 +28,25 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from connectors.transactions import ProducerFenced
 from stream_dp.checkpoint import save_checkpoint
+from stream_dp.engine.errors import Fenced, StateError
+from stream_dp.engine.outputs import CHECKPOINTS, Outputs, PublicationRecord
 from stream_dp.engine.state import Published, StateDir
 
-__all__ = [
-    "CHECKPOINTS",
-    "DEAD_LETTERS",
-    "RELEASES",
-    "CommitCycle",
-    "Outbox",
-    "Outputs",
-    "PublicationRecord",
-    "RunRefused",
-]
+__all__ = ["CommitCycle", "CyclePolicy", "Outbox", "RunRefused"]
 
 log = logging.getLogger("stream_dp.engine")
 
-RELEASES = "releases"
-DEAD_LETTERS = "dead_letters"
-#: The checkpoint that holds a cycle, published with it when a checkpoint topic is configured.
-CHECKPOINTS = "checkpoints"
+#: Most records one poll may hand the engine (a batch never crosses a cycle's end).
+MAX_BATCH = 500
 
 
 @dataclass
@@ -63,8 +56,8 @@ class Outbox:
     Examples
     --------
     >>> box = Outbox()
-    >>> box.add(RELEASES, "m", b'{"step": 1}')
-    >>> box.add(DEAD_LETTERS, "invalid_json", b'{"reason": "invalid_json"}')
+    >>> box.add("releases", "m", b'{"step": 1}')
+    >>> box.add("dead_letters", "invalid_json", b'{"reason": "invalid_json"}')
     >>> Outbox.from_state(box.to_state()).messages == box.messages, box.nbytes
     (True, 37)
     """
@@ -108,175 +101,65 @@ class Outbox:
         return box
 
 
-@dataclass(frozen=True)
-class PublicationRecord:
-    """What the publication record says: the last published cycle, or someone else's commit."""
-
-    published: Published | None
-    foreign: str | None = None
-
-
-class Outputs:
-    """Where the outbox goes, and the record of what was published.
-
-    Parameters
-    ----------
-    sinks : dict
-        For ``"releases"`` and ``"dead_letters"``: a topic name (``str``, published through
-        ``publisher``) or a :class:`connectors.sinks.Sink`.
-    publisher : connectors.transactions.TransactionalPublisher, optional
-        Required when a sink is a topic.
-    source : optional
-        The :class:`connectors.sources.KafkaSource`, whose consumer group then keeps the
-        publication record; None for a file source (``state`` keeps it).
-    offsets_in_transaction : bool
-        The source and the topics share a cluster: offsets commit in the transaction.
-    state : StateDir
-    """
-
-    def __init__(
-        self,
-        sinks: dict[str, Any],
-        *,
-        publisher: Any = None,
-        source: Any = None,
-        offsets_in_transaction: bool = False,
-        state: StateDir,
-    ) -> None:
-        self.sinks = sinks
-        self.publisher = publisher
-        self.source = source
-        self.offsets_in_transaction = offsets_in_transaction and publisher is not None
-        self.state = state
-        if publisher is None and any(isinstance(s, str) for s in sinks.values()):
-            raise ValueError("a topic sink needs a publisher")
-
-    # -- the publication record ----------------------------------------------------------------
-    def record(self, timeout_s: float | None = None) -> PublicationRecord:
-        """The last published cycle: from the consumer group's commit tags, or the state dir.
-
-        Raises
-        ------
-        kafka.errors.KafkaError
-            The group's offsets cannot be read (broker unreachable) within ``timeout_s``.
-        """
-        if self.source is None:
-            return PublicationRecord(self.state.read_published())
-        committed = self.source.committed(timeout_s)
-        if not committed:
-            return PublicationRecord(None)
-        tags = {key: Published.parse(tag) for key, (_, tag) in committed.items()}
-        if any(p is None for p in tags.values()):
-            return PublicationRecord(
-                None,
-                f"consumer group {self.source.group_id!r} has offsets for topic "
-                f"{self.source.topic!r} committed by another consumer",
-            )
-        runs = {p.run_id for p in tags.values() if p is not None}
-        if len(runs) > 1:
-            return PublicationRecord(
-                None, f"consumer group {self.source.group_id!r} holds commits of runs {runs}"
-            )
-        return PublicationRecord(max(tags.values(), key=lambda p: p.seq))
-
-    # -- publishing ------------------------------------------------------------------------------
-    def start(self, **hooks: Callable) -> None:
-        """Become the writer (fences an older instance of the model); settle its transactions."""
-        if self.publisher is not None:
-            self.publisher.start(**hooks)
-
-    def publish(
-        self,
-        messages: Sequence[tuple[str, str | None, bytes]],
-        positions: dict,
-        published: Published,
-        *,
-        on_retry: Callable[[BaseException], None] | None = None,
-        on_wait: Callable[[], None] | None = None,
-    ) -> None:
-        """Publish one cycle's messages, then record the cycle as published.
-
-        Retries through outages (the hooks decide when to give up by raising). Plain sinks
-        are written first and may receive a cycle twice after a crash, identically.
-        """
-        topics: list[tuple[str, bytes | None, bytes]] = []
-        for stream, key, value in messages:
-            sink = self.sinks[stream]
-            if isinstance(sink, str):
-                topics.append((sink, None if key is None else key.encode("utf-8"), value))
-            else:
-                sink.send(key, value)
-        for sink in {id(s): s for s in self.sinks.values() if not isinstance(s, str)}.values():
-            sink.flush()
-        if self.publisher is not None:
-            offsets = None
-            if self.offsets_in_transaction:
-                offsets = self.source.offsets(positions, published.tag)
-
-            def done() -> bool:
-                # An error can be lost on its way back after the commit took effect: the
-                # consumer group's tag says whether it did.
-                if not self.offsets_in_transaction:
-                    return False
-                try:
-                    return self.record(timeout_s=2.0).published == published
-                except Exception:  # noqa: BLE001 - unknown counts as not yet
-                    return False
-
-            self.publisher.publish(
-                topics,
-                offsets,
-                self.source.group_id if offsets else None,
-                on_retry=on_retry,
-                on_wait=on_wait,
-                already_committed=done,
-            )
-        if self.source is not None and not self.offsets_in_transaction:
-            while not self.source.commit(positions, published.tag):
-                if on_retry is not None:
-                    on_retry(TimeoutError("offset commit"))
-        if self.source is None:
-            self.state.write_published(published)
-
-    def close(self) -> None:
-        """Close the sinks and the publisher; report, never raise (the run's error matters)."""
-        parts = [s for s in self.sinks.values() if not isinstance(s, str)]
-        for part in [*{id(p): p for p in parts}.values(), self.publisher]:
-            if part is None:
-                continue
-            try:
-                part.close()
-            except Exception:  # noqa: BLE001 - closing must not mask the real error
-                log.exception("error while closing %r", part)
-
-
 class RunRefused(RuntimeError):
     """This run must not publish: the record shows another writer, or a newer past."""
+
+
+@dataclass(frozen=True)
+class CyclePolicy:
+    """When a cycle ends: after ``every_records`` input messages, ``every_seconds``, or
+    ``max_pending_bytes`` of waiting messages, whichever comes first (or when the input is
+    idle). The engine's ``[checkpoint]`` section."""
+
+    every_records: int
+    every_seconds: float
+    max_pending_bytes: int
 
 
 class CommitCycle:
     """One run's commit cycles: who the run is, what waits in its outbox, what was published.
 
-    The run loop calls :meth:`new_run` (then :meth:`save` and :meth:`mark`) or :meth:`resume`;
-    :meth:`verify` before and after becoming the writer; :meth:`recover` once; then
-    :meth:`checkpoint` and :meth:`publish` at the end of every cycle. Errors:
-    :class:`RunRefused`, ``OSError`` (state directory),
-    :class:`connectors.transactions.ProducerFenced`.
+    Start-up calls :meth:`new_run` (then :meth:`save` and :meth:`mark`) or :meth:`resume`;
+    :meth:`verify` before and after becoming the writer; :meth:`recover` once. Then the engine
+    counts what it hands the learner (:meth:`consumed`) and calls :meth:`end` whenever
+    :meth:`due` says so: checkpoint, then publication, in the background when it can.
+
+    Errors: :class:`RunRefused` (start-up), :class:`~stream_dp.engine.errors.StateError` (the
+    checkpoint cannot be written), :class:`~stream_dp.engine.errors.Fenced` (another instance
+    took over the model's transactional id), and whatever the hooks raise.
 
     Parameters
     ----------
     state : StateDir
     outputs : Outputs
+    source
+        The engine's source: its :meth:`positions` are what a checkpoint resumes from.
     model_id : str
+    policy : CyclePolicy
+    snapshot : callable
+        ``snapshot() -> (learner_state, meta)``: what the checkpoint holds besides the cycle.
     seal_key : bytes, optional
         Seal every checkpoint under this key (a learner whose secret comes from a master).
+    clock : callable, default time.monotonic
     """
 
     def __init__(
-        self, state: StateDir, outputs: Outputs, model_id: str, seal_key: bytes | None = None
+        self,
+        state: StateDir,
+        outputs: Outputs,
+        source: Any,
+        model_id: str,
+        policy: CyclePolicy,
+        snapshot: Callable[[], tuple[dict, dict]],
+        *,
+        seal_key: bytes | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.state, self.outputs, self.model_id = state, outputs, model_id
-        self.seal_key = seal_key
+        self.state, self.outputs, self.source, self.model_id = state, outputs, source, model_id
+        self.policy, self.snapshot, self.seal_key, self.clock = policy, snapshot, seal_key, clock
+        #: Input messages handed to the learner since the cycle began.
+        self.since = 0
+        self.began = clock()
         self.run_id: str | None = None
         self.run_created: float | None = None
         self.seq = 0
@@ -384,25 +267,90 @@ class CommitCycle:
             )
 
     # -- cycles ----------------------------------------------------------------------------
+    def consumed(self, n: int) -> None:
+        """``n`` more input messages were handed to the learner in this cycle."""
+        self.since += n
+
+    def batch_limit(self) -> int:
+        """How many messages the next poll may take: a batch never crosses a cycle's end,
+        because a source counts a polled batch as consumed."""
+        return max(1, min(MAX_BATCH, self.policy.every_records - self.since))
+
+    def due(self, idle: bool) -> bool:
+        """Whether the cycle should end now (``idle``: the input has nothing more for now)."""
+        if not len(self.outbox) and self.since == 0:
+            return False
+        policy = self.policy
+        return (
+            idle
+            or self.since >= policy.every_records
+            or self.outbox.nbytes >= policy.max_pending_bytes
+            or self.clock() - self.began >= policy.every_seconds
+        )
+
+    def end(
+        self,
+        *,
+        publish: bool = True,
+        background: bool = False,
+        on_retry: Callable[[BaseException], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> bool:
+        """End the cycle: checkpoint (learner, ledger, positions, outbox), then publish it.
+
+        Nothing happens (False) when nothing did since the last published cycle. Without
+        ``publish`` the cycle is only checkpointed: the next start publishes it. With
+        ``background`` (and Kafka topics to publish to) the publication runs beside the
+        learning of the next cycle, whose own end waits for it.
+        """
+        with self._fenced():
+            self.settle(on_retry, on_wait)
+            positions = self.source.positions()
+            if not self.pending(positions):
+                return False
+            self.since, self.began = 0, self.clock()
+            self.checkpoint(positions)
+            if publish:
+                if background and self.outputs.publisher is not None:
+                    self.publish_in_background(positions)
+                else:
+                    self.publish(positions, on_retry=on_retry, on_wait=on_wait)
+        return True
+
+    @contextmanager
+    def _fenced(self) -> Iterator[None]:
+        """Another instance took over the model's transactional id: say what stays unpublished
+        (the checkpoint holds it; that instance publishes it)."""
+        try:
+            yield
+        except ProducerFenced as err:
+            raise Fenced(
+                f"{err}; the {len(self.outbox)} message(s) of cycle {self.seq} were not published"
+            ) from None
+
     def pending(self, positions: dict) -> bool:
         """Whether anything happened since the last published cycle."""
         return bool(len(self.outbox)) or positions != self.committed_positions
 
-    def save(self, learner_state: dict, positions: dict, meta: dict) -> None:
+    def save(self, positions: dict) -> None:
         """Write the checkpoint of the current cycle (atomic, 0600)."""
-        save_checkpoint(
-            self.state.checkpoint,
-            learner_state,
-            positions,
-            {**meta, **self.meta()},
-            seal_key=self.seal_key,
-        )
+        learner_state, meta = self.snapshot()
+        try:
+            save_checkpoint(
+                self.state.checkpoint,
+                learner_state,
+                positions,
+                {**meta, **self.meta()},
+                seal_key=self.seal_key,
+            )
+        except OSError as err:
+            raise StateError(f"cannot write checkpoint {self.state.checkpoint}: {err}") from None
 
-    def checkpoint(self, learner_state: dict, positions: dict, meta: dict) -> None:
+    def checkpoint(self, positions: dict) -> None:
         """End a cycle: the next cycle number, and the checkpoint that holds the cycle."""
         self.settle()
         self.seq += 1
-        self.save(learner_state, positions, meta)
+        self.save(positions)
         self.unpublished = True
 
     def _with_checkpoint(self, messages: list) -> list:
@@ -457,7 +405,8 @@ class CommitCycle:
         """Settle the background publication if it has finished (never waits)."""
         job = self._inflight
         if job is not None and not job.is_alive():
-            self.settle()
+            with self._fenced():
+                self.settle()
 
     def settle(
         self,
@@ -510,7 +459,8 @@ class CommitCycle:
         elif len(self.outbox):
             log.info("publishing the %d message(s) of cycle %d left by the previous process",
                      len(self.outbox), self.seq)  # fmt: skip
-        self.publish(positions, **hooks)
+        with self._fenced():
+            self.publish(positions, **hooks)
 
 
 class _Cancelled(Exception):

@@ -13,8 +13,26 @@ checkpointed bytes. A second instance is refused by the state directory's lock (
 machine) or by the evidence of the first one's commits, and fenced by Kafka's transactional id
 (any machine).
 
-Start-up (resume, start new, or refuse) is :mod:`stream_dp.engine.startup`; ``status.json``
-and the log's status lines are :mod:`stream_dp.engine.status`.
+The engine owns its parts, each with its own lifecycle, the way Quix Streams' ``Application``
+owns its ``Checkpoint``:
+
+=====================  ==================================================  ====================
+part                   does                                                module
+=====================  ==================================================  ====================
+``learning``           a message in, an explicit outcome out; the          :mod:`~.learning`
+                       learner's checkpoint state
+``source``             the input and its positions                         :mod:`connectors`
+``outputs``            sinks, the transactional publisher, the             :mod:`~.outputs`
+                       publication record
+``cycle``              the commit cycle: checkpoint, then publish          :mod:`~.commit`
+``reporter``           ``status.json`` and the log's status line           :mod:`~.status`
+``outage``             broker outages: logged once, deadline               :mod:`~.outage`
+:class:`Startup`       resume, start new, or refuse (once per run)         :mod:`~.startup`
+=====================  ==================================================  ====================
+
+The engine itself only runs the loop -- poll, hand each message to ``learning``, route what it
+produced into the cycle's outbox, end the cycle when it is due -- and turns stops, deadlines and
+refusals into its exceptions.
 
 Exit codes of ``stream-dp run`` follow the exceptions: :class:`StateError` 3,
 :class:`KafkaUnavailable` 4, :class:`Fenced` 5 (see :mod:`stream_dp.engine.cli`).
@@ -28,32 +46,16 @@ import threading
 import time
 from typing import Any
 
-from connectors.schema import (
-    DeadLetter,
-    RecordError,
-    ReleaseEncoder,
-    parse_conformed,
-)
-from stream_dp.engine.builders import build_learner
-from stream_dp.engine.commit import (
-    DEAD_LETTERS,
-    RELEASES,
-    CommitCycle,
-    Outbox,
-    Outputs,
-    RunRefused,
-)
+from stream_dp.engine.builders import build_source
+from stream_dp.engine.commit import CommitCycle, CyclePolicy, Outbox, RunRefused
 from stream_dp.engine.config import EngineConfig, SinkConfig, SourceConfig
 from stream_dp.engine.errors import EngineError, Interrupted, KafkaUnavailable, StateError
-from stream_dp.engine.startup import RunStart
+from stream_dp.engine.learning import Handled, Learning, Outcome
+from stream_dp.engine.outage import OutageWatch
+from stream_dp.engine.outputs import DEAD_LETTERS, RELEASES, Outputs
+from stream_dp.engine.startup import Startup
 from stream_dp.engine.state import StateDir, StateLocked
-from stream_dp.engine.status import (
-    EngineStats,
-    StatusReports,
-    StatusWriter,
-    note_unknown_features,
-)
-from stream_dp.records import InvalidRecord
+from stream_dp.engine.status import EngineStats, StatusReporter, StatusWriter
 
 __all__ = ["Engine"]
 
@@ -64,7 +66,7 @@ log = logging.getLogger("stream_dp.engine")
 STOP_GRACE_SECONDS = 10.0
 
 
-class Engine(RunStart, StatusReports):
+class Engine:
     """Runs one private learner over one source.
 
     Parameters
@@ -114,48 +116,24 @@ class Engine(RunStart, StatusReports):
         max_records: int | None = None,
         secret: int | None = None,
     ) -> None:
-        if config.model.features is None:
-            raise ValueError("the engine needs a declared schema (model.features)")
         self.config = config
         self.fresh = fresh
         self.max_records = max_records
-        self.learner = build_learner(config)
-        self._secret = secret
-        if secret is not None:
-            self._use_secret(secret)
+        self.learning = Learning(config, secret)
+        self.learner = self.learning.learner
         self.state = StateDir(config.checkpoint.path)
-        self._features = tuple(config.model.features)
-        self._known = frozenset(self._features)
-        self._encoder = ReleaseEncoder()
+        self.stats = EngineStats()
+        self.reporter = StatusReporter(config, self.learner, self.stats)
+        self.outage = OutageWatch(config.kafka.outage_deadline_seconds)
         self._source = source
         self._given_sinks = {RELEASES: releases, DEAD_LETTERS: dead_letters}
         self.outputs: Outputs | None = None
         self.cycle: CommitCycle | None = None
-        self.stats = EngineStats()
-        self.dead_counts: dict[str, int] = {}
         self._stop = threading.Event()
         self._stop_time: float | None = None
-        self._since_commit = 0
-        self._commit_clock = time.monotonic()
-        self._status_clock = time.monotonic()
-        self._status_records = 0
         self._idle_since: float | None = None
-        self._outage_logged: float | None = None
-        self.status_writer = StatusWriter(config.status.file, config.status.operator_raw_metrics)
-        self.ckpt_path = self.state.checkpoint
 
-    def _use_secret(self, secret: int) -> None:
-        """Hand the learner its secret through its public checkpoint surface.
-
-        A learner refuses an explicit ``seed`` unless the run is declared non-private (a
-        guessable integer); a secret derived from a 128-bit master is not guessable, and
-        restoring a state with it is how a resumed learner gets its secret anyway.
-        """
-        state = self.learner.state_dict()
-        state["secret"] = int(secret)
-        self.learner.load_state_dict(state)
-
-    # -- wiring ------------------------------------------------------------------------------
+    # -- the parts -----------------------------------------------------------------------------
     @property
     def source(self):
         return self._source
@@ -175,6 +153,43 @@ class Engine(RunStart, StatusReports):
         """What the current cycle will publish."""
         return Outbox() if self.cycle is None else self.cycle.outbox
 
+    @property
+    def dead_counts(self) -> dict[str, int]:
+        """Dead letters by reason (``budget_exhausted`` included)."""
+        return self.stats.reasons
+
+    @property
+    def status_writer(self) -> StatusWriter:
+        return self.reporter.writer
+
+    @property
+    def broker_unreachable_since(self) -> float | None:
+        """Wall time since which Kafka has not answered (source or publisher), or None."""
+        return self.outage.since()
+
+    def _open(self) -> None:
+        """Open the source, the outputs and the commit cycle (nothing is read or written)."""
+        cfg = self.config
+        if self._source is None:
+            self._source = build_source(cfg.source)
+        self.outputs = Outputs.open(cfg, self._source, self.state, self._given_sinks)
+        ck = cfg.checkpoint
+        self.cycle = CommitCycle(
+            self.state,
+            self.outputs,
+            self._source,
+            cfg.model.model_id,
+            CyclePolicy(ck.every_records, ck.every_seconds, ck.max_pending_bytes),
+            self._snapshot,
+            seal_key=self.learning.seal_key(),
+        )
+        self.outage.follow(self._source, self.outputs.publisher)
+
+    def _snapshot(self) -> tuple[dict, dict]:
+        """What a checkpoint holds besides the cycle: the learner, the engine's counters."""
+        meta = {**self.stats.to_meta(), **self.learning.meta()}
+        return self.learning.checkpoint_state(self.state.journal), meta
+
     def _kafka_parts(self) -> dict[str, bool]:
         """Which configured parts are Kafka ones the engine opens itself (not overridden)."""
         cfg = self.config
@@ -185,113 +200,47 @@ class Engine(RunStart, StatusReports):
             and cfg.dead_letters.kind == "kafka",
         }
 
+    def _checked_config(self, kafka: dict[str, bool]) -> EngineConfig:
+        """The config with the parts the caller overrode replaced by non-Kafka stand-ins."""
+        cfg = self.config
+        stand_in = SinkConfig(kind="stdout")
+        return cfg.model_copy(
+            update={
+                "source": cfg.source if kafka["source"] else SourceConfig(kind="jsonl", path="-"),
+                "releases": cfg.releases if kafka[RELEASES] else stand_in,
+                "dead_letters": cfg.dead_letters if kafka[DEAD_LETTERS] else stand_in,
+            }
+        )
+
     # -- the commit cycle --------------------------------------------------------------------
-    def _learner_state(self) -> dict:
-        state = self.learner.state_dict()
-        if self._secret is not None:
-            state["secret"] = None  # derived from the master secret; never at rest
-        acc = self.learner.ledger_state(state)
-        if "journal" in acc:  # named relative to the checkpoint, so the directory can move
-            acc["journal"] = {**acc["journal"], "path": self.state.journal.name}
-        return state
-
-    def _meta(self) -> dict:
-        meta = {"stats": self.stats.to_dict(), "dead_counts": dict(self.dead_counts)}
-        if self._secret is not None:
-            from stream_dp.engine.master_secret import secret_fingerprint
-
-            meta["secret_fingerprint"] = secret_fingerprint(self._secret)
-        return meta
-
-    def _save(self, positions: dict) -> None:
-        try:
-            self.cycle.save(self._learner_state(), positions, self._meta())
-        except OSError as err:
-            raise StateError(f"cannot write checkpoint {self.state.checkpoint}: {err}") from None
-
     def commit(self, *, publish: bool = True, background: bool = False) -> None:
         """End the cycle: checkpoint (learner, ledger, positions, outbox), then publish it.
 
         With ``background`` (and Kafka topics to publish to), the publication runs beside the
-        learning of the next cycle, whose checkpoint waits for it (``CommitCycle.settle``).
+        learning of the next cycle, whose checkpoint waits for it.
         """
-        self._fenced_as_engine_error(self.cycle.settle, **self._hooks())
-        positions = self._source.positions()
-        if not self.cycle.pending(positions):
-            return
-        self._since_commit = 0
-        self._commit_clock = time.monotonic()
         try:
-            self.cycle.checkpoint(self._learner_state(), positions, self._meta())
-        except OSError as err:
-            raise StateError(f"cannot write checkpoint {self.state.checkpoint}: {err}") from None
-        if not publish:
-            return
-        if background and self.outputs.publisher is not None:
-            self.cycle.publish_in_background(positions)
-        else:
-            self._fenced_as_engine_error(self.cycle.publish, positions, **self._hooks())
+            self.cycle.end(publish=publish, background=background, **self._hooks())
+        finally:
+            self.outage.watch()
 
-    def _cycle_due(self, idle: bool) -> bool:
-        ck = self.config.checkpoint
-        if not len(self.outbox) and self._since_commit == 0:
-            return False
-        return (
-            idle
-            or self._since_commit >= ck.every_records
-            or self.outbox.nbytes >= ck.max_pending_bytes
-            or time.monotonic() - self._commit_clock >= ck.every_seconds
-        )
-
-    # -- outages, stops, deadlines ---------------------------------------------------------------
-    @property
-    def broker_unreachable_since(self) -> float | None:
-        """Wall time since which Kafka has not answered (source or publisher), or None."""
-        times = [
-            getattr(self._source, "unreachable_since", None),
-            getattr(self.outputs.publisher, "failing_since", None) if self.outputs else None,
-        ]
-        times = [t for t in times if t is not None]
-        return min(times) if times else None
-
-    def _watch_outage(self) -> None:
-        since = self.broker_unreachable_since
-        if since is not None and self._outage_logged is None:
-            self._outage_logged = since
-            log.warning(
-                "Kafka unreachable since %s; riding it out%s",
-                time.strftime("%H:%M:%S", time.localtime(since)),
-                ""
-                if self.config.kafka.outage_deadline_seconds is None
-                else f" for up to {self.config.kafka.outage_deadline_seconds:.0f} s",
-            )
-        elif since is None and self._outage_logged is not None:
-            log.warning("Kafka reachable again after %.0f s", time.time() - self._outage_logged)
-            self._outage_logged = None
-
-    def _check_deadline(self) -> None:
-        limit = self.config.kafka.outage_deadline_seconds
-        since = self.broker_unreachable_since
-        if limit is not None and since is not None and time.time() - since >= limit:
-            raise KafkaUnavailable(
-                f"Kafka unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} "
-                f"({time.time() - since:.0f} s, kafka.outage_deadline_seconds = {limit:g}): "
-                "stopped cleanly; the state is checkpointed and the next start continues"
-            )
+    def _hooks(self) -> dict:
+        return {"on_retry": self._on_retry, "on_wait": self._on_wait}
 
     def _on_wait(self) -> None:
-        self._watch_outage()
+        """Called while waiting for Kafka: outages, status, stop requests, the deadline."""
+        self.outage.watch()
         now = time.monotonic()
-        if now - self._status_clock >= self.config.status.interval_seconds:
+        if self.reporter.due(now):
             self._report_status(now, probe=False)
         if self._stop_time is not None and now - self._stop_time >= STOP_GRACE_SECONDS:
             raise Interrupted()
-        self._check_deadline()
+        self.outage.check()
 
     def _on_retry(self, err: BaseException) -> None:
         self._on_wait()
 
-    # -- loop ----------------------------------------------------------------------------
+    # -- lifecycle -----------------------------------------------------------------------------
     def stop(self) -> None:
         """Finish the current batch, commit and return from :meth:`run` (thread-safe)."""
         if self._stop_time is None:
@@ -327,7 +276,7 @@ class Engine(RunStart, StatusReports):
             raise StateError(f"cannot use state directory {self.state.dir}: {err}") from None
 
     def start(self) -> None:
-        """Lock the state directory and start up (steps 1-4 above); pair with :meth:`close`.
+        """Lock the state directory and start up; pair with :meth:`close`.
 
         For drivers that feed the engine themselves (:meth:`process`), such as the
         per-partition scale-out; :meth:`run` does all of it.
@@ -351,9 +300,24 @@ class Engine(RunStart, StatusReports):
             except KafkaProblem as err:
                 raise KafkaUnavailable(str(err)) from None
         self._open()
-        positions = self._restore()
+        startup = Startup(
+            self.config,
+            self.state,
+            self.learning,
+            self._source,
+            self.outputs,
+            self.cycle,
+            fresh=self.fresh,
+            hooks=self._hooks(),
+        )
+        positions = startup.restore()
+        self.stats.restore(startup.meta)
+        self.learning.run_id = self.cycle.run_id
         self._source.seek(positions)
-        self._recover()
+        try:
+            startup.recover()
+        finally:
+            self.outage.watch()
 
     def process(self, batch: list, *, idle: bool = False) -> None:
         """Learn one polled batch and end the cycle when it is due (background publication).
@@ -363,15 +327,27 @@ class Engine(RunStart, StatusReports):
         """
         for msg in batch:
             self._handle(msg)
-        self._since_commit += len(batch)
+        self.cycle.consumed(len(batch))
         if batch:
             self._idle_since = None
         elif self._idle_since is None:
             self._idle_since = time.time()
-        if self._cycle_due(idle=idle):
+        if self.cycle.due(idle=idle):
             self.commit(background=True)
-        else:
-            self._fenced_as_engine_error(self.cycle.settle_if_done)
+            return
+        try:
+            self.cycle.settle_if_done()
+        finally:
+            self.outage.watch()
+
+    def _handle(self, msg) -> Handled:
+        """Learn one message; what it produced goes into the cycle's outbox."""
+        done = self.learning.handle(msg.value, msg.position)
+        self.stats.count(done)
+        if done.value is not None:
+            stream = RELEASES if done.outcome is Outcome.RELEASED else DEAD_LETTERS
+            self.cycle.outbox.add(stream, done.key, done.value)
+        return done
 
     def finish(self) -> None:
         """End the last cycle (checkpoint and publish, waiting for it) and report the status."""
@@ -398,18 +374,6 @@ class Engine(RunStart, StatusReports):
                 log.exception("error while closing the source")
         self.state.release()
 
-    def _checked_config(self, kafka: dict[str, bool]) -> EngineConfig:
-        """The config with the parts the caller overrode replaced by non-Kafka stand-ins."""
-        cfg = self.config
-        stand_in = SinkConfig(kind="stdout")
-        return cfg.model_copy(
-            update={
-                "source": cfg.source if kafka["source"] else SourceConfig(kind="jsonl", path="-"),
-                "releases": cfg.releases if kafka[RELEASES] else stand_in,
-                "dead_letters": cfg.dead_letters if kafka[DEAD_LETTERS] else stand_in,
-            }
-        )
-
     def _give_up_outage(self) -> None:
         """At the outage deadline: keep what was learned (checkpoint only) for the restart."""
         cycle = self.cycle
@@ -430,11 +394,8 @@ class Engine(RunStart, StatusReports):
 
     def _loop(self) -> None:
         source = self._source
-        every = self.config.checkpoint.every_records
         while not self._stop.is_set():
-            # A batch never crosses a cycle boundary: the source counts a polled batch as
-            # consumed, so a cycle must end between batches.
-            want = max(1, min(500, every - self._since_commit))
+            want = self.cycle.batch_limit()
             if self.max_records is not None:
                 want = min(want, self.max_records - self.stats.records)
                 if want <= 0:
@@ -444,57 +405,26 @@ class Engine(RunStart, StatusReports):
                 break
             self.process(batch, idle=not batch)
             now = time.monotonic()
-            if now - self._status_clock >= self.config.status.interval_seconds:
+            if self.reporter.due(now):
                 self._report_status(now)
-            self._watch_outage()
-            self._check_deadline()
-
-    def _dead(self, reason: str, message: str, msg) -> None:
-        letter = DeadLetter.from_raw(reason, message, msg.value, msg.position)
-        self.outbox.add(DEAD_LETTERS, letter.reason, letter.to_json())
-        self.dead_counts[letter.reason] = self.dead_counts.get(letter.reason, 0) + 1
-
-    def _handle(self, msg) -> None:
-        self.stats.records += 1
-        try:
-            x, y, n_unknown = parse_conformed(
-                msg.value, self._features, self._known, max_bytes=self.config.max_message_bytes
-            )
-        except RecordError as err:
-            self._dead(err.reason, err.message, msg)
-            self.stats.dead_letters += 1
-            return
-        if n_unknown:
-            self.stats.unknown_features += n_unknown
-            self.stats.records_with_unknown_features += 1
-        learner = self.learner
-        step_before = learner.step
-        try:
-            learner.learn_one(x, y)
-        except InvalidRecord as err:
-            self._dead(err.reason, str(err), msg)
-            self.stats.dead_letters += 1
-            return
-        if learner.step == step_before:
-            # The budget is spent: the record is valid but can no longer be learned from.
-            self._dead(
-                "budget_exhausted",
-                "the model's privacy budget is spent; it serves its last release",
-                msg,
-            )
-            self.stats.exhausted_skipped += 1
-            return
-        self.stats.learned += 1
-        if n_unknown:
-            note_unknown_features(learner)
-        if learner.release_step == learner.step:
-            fields = learner.release_message()
-            fields.setdefault("private", not self.config.model.reproducible)
-            value = self._encoder.encode(fields, run_id=self.run_id, time=time.time())
-            self.outbox.add(RELEASES, fields["model_id"], value)
-            self.stats.releases += 1
+            self.outage.watch()
+            self.outage.check()
 
     # -- status ----------------------------------------------------------------------------
+    def status(self, now: float | None = None, *, probe: bool = True) -> dict:
+        """Operator status: counters, budget, lag, idleness, outages (no raw statistics)."""
+        return self.reporter.status(
+            now,
+            probe=probe,
+            source=self._source,
+            cycle=self.cycle,
+            idle_since=self._idle_since,
+            unreachable_since=self.outage.since(),
+        )
+
+    def _report_status(self, now: float, *, probe: bool = True) -> None:
+        self.reporter.report(self.status(now, probe=probe), now)
+
     # -- signals -----------------------------------------------------------------------------
     def _install_signals(self) -> dict:
         if threading.current_thread() is not threading.main_thread():

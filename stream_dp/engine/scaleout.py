@@ -308,7 +308,7 @@ class ScaleOut:
         """Create the compacted checkpoint topic if it is configured and missing."""
         from connectors.admin import KafkaProblem, connect, ensure_topic
         from stream_dp.engine.errors import KafkaUnavailable
-        from stream_dp.engine.startup import CHECKPOINT_MESSAGE_BYTES
+        from stream_dp.engine.outputs import CHECKPOINT_MESSAGE_BYTES
 
         topic, rel = self.config.scale.checkpoint_topic, self.config.releases
         if topic is None:

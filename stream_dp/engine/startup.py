@@ -1,120 +1,127 @@
 """How a run starts: resumed from its checkpoint, started new, or refused.
 
-The start-up half of :class:`stream_dp.engine.runner.Engine` (a mixin it inherits): lock the
-state directory, check the sinks and reach Kafka, then resume from the checkpoint -- refusing one
-of another run, or older than what was published -- or start a new run, refusing when the model
+:class:`Startup` runs once per engine run, after the state directory is locked and Kafka is
+reached: it resumes from the checkpoint -- refusing one of another run, of other learner
+parameters, or older than what was published -- or starts a new run, refusing when the model
 existed before (run marker, orphaned journal, consumer-group commits, releases of this model id
-on the release topic) unless ``fresh=True``. A new run becomes the writer, writes its first
+on the release topic) unless ``fresh``. A new run becomes the writer, writes its first
 checkpoint, then its marker, so a kill at any point leaves nothing of it or a checkpoint to
-resume (``docs/privacy.md``, *The engine: one release per step*).
+resume (``docs/privacy.md``, *The engine: one release per step*). Then :meth:`Startup.recover`
+publishes what the checkpoint's cycle still owes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from connectors.schema import ReleaseMessage
-from stream_dp.engine.builders import build_sink, build_source
-from stream_dp.engine.commit import (
-    CHECKPOINTS,
-    DEAD_LETTERS,
-    RELEASES,
-    CommitCycle,
-    Outputs,
-    PublicationRecord,
-)
-from stream_dp.engine.config import SinkConfig, same_cluster
+from stream_dp.checkpoint import Checkpoint, CheckpointMismatch, params_fingerprint
+from stream_dp.engine.commit import CommitCycle
 from stream_dp.engine.errors import Fenced, KafkaUnavailable, StateError
-from stream_dp.engine.master_secret import checkpoint_key, open_checkpoint
+from stream_dp.engine.learning import Learning
+from stream_dp.engine.master_secret import open_checkpoint
+from stream_dp.engine.outputs import RELEASES, Outputs, PublicationRecord
+from stream_dp.engine.state import StateDir
 
-__all__ = ["CHECKPOINT_MESSAGE_BYTES", "RunStart"]
+__all__ = ["Startup", "load_resumable"]
 
 log = logging.getLogger("stream_dp.engine")
 
-#: Limit on one checkpoint in the checkpoint topic (its ``max.message.bytes``).
-CHECKPOINT_MESSAGE_BYTES = 8 * 1024 * 1024
 
+def load_resumable(
+    path: Path, learning: Learning, model_id: str, *, from_topic: bool = False
+) -> Checkpoint:
+    """Read and verify the checkpoint ``learning``'s learner (of model ``model_id``) would
+    resume from: sealed under its key when its secret comes from a master
+    (:func:`stream_dp.engine.master_secret.open_checkpoint`; ``from_topic``: it must be).
 
-class RunStart:
-    """Start-up of an engine run (see the module docstring); mixed into ``Engine``."""
-
-    def _open(self) -> None:
-        from connectors.partition import PartitionSource
-        from connectors.sources import KafkaSource
-
-        cfg = self.config
-        kafka = self._kafka_parts()
-        if self._source is None:
-            self._source = build_source(cfg.source)
-        sinks: dict[str, Any] = {}
-        topic_cfg: SinkConfig | None = None
-        for stream, sink_cfg in ((RELEASES, cfg.releases), (DEAD_LETTERS, cfg.dead_letters)):
-            given = self._given_sinks[stream]
-            if given is not None:
-                sinks[stream] = given
-            elif kafka[stream]:
-                sinks[stream] = sink_cfg.topic
-                topic_cfg = sink_cfg
-            else:
-                sinks[stream] = build_sink(sink_cfg, private=stream == DEAD_LETTERS)
-        if cfg.scale.checkpoint_topic is not None:
-            sinks[CHECKPOINTS] = cfg.scale.checkpoint_topic
-        publisher = None
-        if topic_cfg is not None:
-            from connectors._settings import release_compression
-            from connectors.transactions import TransactionalPublisher
-
-            attempt = cfg.kafka.attempt_timeout_seconds
-            publisher = TransactionalPublisher(
-                topic_cfg.bootstrap_servers,
-                cfg.transactional_id,
-                attempt_timeout_s=attempt,
-                producer_config={
-                    "max_request_size": max(
-                        cfg.releases.max_request_size,
-                        CHECKPOINT_MESSAGE_BYTES if cfg.scale.checkpoint_topic else 0,
-                    ),
-                    "request_timeout_ms": int(min(30.0, attempt / 2) * 1000),
-                    "delivery_timeout_ms": int(attempt * 1000),
-                    # Back within seconds of the broker's return, not kafka-python's 30 s.
-                    "reconnect_backoff_max_ms": 5000,
-                    # A cycle's messages are sent in one burst and flushed by the commit:
-                    # large batches (fewer requests, fewer wake-ups of the producer's I/O
-                    # thread) cost no latency (docs/performance.md, "Kafka end to end").
-                    "batch_size": 256 * 1024,
-                    "linger_ms": 5,
-                    "compression_type": release_compression(),
-                    # kafka-python waits retry_backoff_ms (default 100) before each retry of a
-                    # coordinator lookup, and finding the transaction and group coordinators
-                    # takes a retry or two: 20 ms (the backoff the Java client uses for a
-                    # transaction still completing) cut init_transactions from ~0.2 s to
-                    # ~0.05 s, and a learner's start with it. Reconnects keep their own backoff.
-                    "retry_backoff_ms": 20,
-                },
-                **topic_cfg.security,
-            )
-        kafka_source = (
-            self._source if isinstance(self._source, KafkaSource | PartitionSource) else None
+    Raises
+    ------
+    stream_dp.checkpoint.CheckpointError
+        Damaged, unsealed or sealed under another master, of another format version, model or
+        learner class -- or written with other learner parameters, which the error names
+        (resuming would change the privacy analysis mid-stream).
+    """
+    learner = learning.learner
+    c = open_checkpoint(
+        path,
+        learning.secret,
+        model_id=model_id,
+        learner_class=type(learner).__name__,
+        from_topic=from_topic,
+    )
+    params = learner._get_params()
+    if c.header.get("params_sha256") != params_fingerprint(params):
+        raise CheckpointMismatch(
+            f"{path} was written with other learner parameters ({_changes(c, params)}); "
+            "resuming would change the privacy analysis mid-stream. Use the original "
+            "configuration, or pass --fresh to start a new run with a new budget"
         )
-        self.outputs = Outputs(
-            sinks,
-            publisher=publisher,
-            source=kafka_source,
-            offsets_in_transaction=kafka_source is not None
-            and topic_cfg is not None
-            and same_cluster(cfg.source, topic_cfg),
-            state=self.state,
-        )
-        model_id, secret = cfg.model.model_id, self._secret
-        seal_key = None if secret is None else checkpoint_key(secret, model_id)
-        self.cycle = CommitCycle(self.state, self.outputs, model_id, seal_key)
+    return c
 
-    # -- start-up ------------------------------------------------------------------------------
-    def _restore(self) -> dict:
-        """Resume the checkpoint's run, or start a new run when that cannot fork a ledger."""
+
+def _changes(c: Checkpoint, params: dict) -> str:
+    """The parameters that differ between a checkpoint's learner and ``params``, named."""
+    saved = c.learner_state.get("params") or {}
+    changed = []
+    for name in sorted(set(saved) | set(params)):
+        old, new = saved.get(name), params.get(name)
+        if params_fingerprint({name: old}) == params_fingerprint({name: new}):
+            continue
+        if name == "seed":  # never quoted: a reproducible run's seed is its noise
+            changed.append("seed")
+        else:
+            changed.append(f"{name}: {old!r} -> {new!r}")
+    return "; ".join(changed) or "they cannot be compared"
+
+
+class Startup:
+    """The start of one engine run (see the module docstring).
+
+    Parameters
+    ----------
+    config : EngineConfig
+    state : StateDir
+        Locked by the caller.
+    learning : Learning
+        The engine's learner, restored from the checkpoint by :meth:`restore`.
+    source
+        The engine's source: a new run starts where it says the input starts.
+    outputs : Outputs
+    cycle : CommitCycle
+    fresh : bool
+        Start a new run although the model existed (its files are kept aside).
+    hooks : dict
+        ``on_retry`` and ``on_wait``, called while waiting for Kafka (they may raise to give up).
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        state: StateDir,
+        learning: Learning,
+        source: Any,
+        outputs: Outputs,
+        cycle: CommitCycle,
+        *,
+        fresh: bool,
+        hooks: dict[str, Callable],
+    ) -> None:
+        self.config, self.state, self.learning = config, state, learning
+        self.source, self.outputs, self.cycle = source, outputs, cycle
+        self.fresh, self.hooks = fresh, hooks
+        self.learner = learning.learner
+        #: The checkpoint's meta (engine counters) when the run was resumed, else empty.
+        self.meta: dict = {}
+
+    def restore(self) -> dict:
+        """Resume the checkpoint's run, or start a new run when that cannot fork a ledger;
+        the source positions to continue from."""
         state = self.state
         if self.fresh:
             for aside in state.set_aside():
@@ -136,6 +143,21 @@ class RunStart:
             log.warning("--fresh: starting a new run although %s", "; ".join(evidence))
         return self._start_run()
 
+    def recover(self) -> None:
+        """Become the writer, re-check the record, publish what the checkpoint holds."""
+        self.become_writer()
+        self.cycle.recover(self.source.positions(), self._read_record(), **self.hooks)
+
+    def become_writer(self) -> None:
+        """Take the model's transactional id (fencing an older writer); idempotent."""
+        from connectors.transactions import ProducerFenced
+
+        try:
+            self.outputs.start(**self.hooks)
+        except ProducerFenced as err:
+            raise Fenced(str(err)) from None
+
+    # -- a checkpoint from the checkpoint topic -------------------------------------------------
     def _checkpoint_from_topic(self) -> None:
         """Put the learner's latest published checkpoint from the checkpoint topic in place.
 
@@ -164,14 +186,7 @@ class RunStart:
         candidate = state.checkpoint.with_name(state.checkpoint.name + ".from-topic")
         try:
             write_private(candidate, value)
-            open_checkpoint(
-                candidate,
-                self._secret,
-                model_id=model_id,
-                learner_class=type(self.learner).__name__,
-                params=self.learner._get_params(),
-                from_topic=True,
-            )
+            load_resumable(candidate, self.learning, model_id, from_topic=True)
         except CheckpointError as err:
             candidate.unlink(missing_ok=True)
             raise StateError(
@@ -182,6 +197,7 @@ class RunStart:
         candidate.replace(state.checkpoint)
         log.info("checkpoint of %s taken from topic %s", model_id, topic)
 
+    # -- a new run -----------------------------------------------------------------------------
     def _evidence_of_a_previous_run(self) -> list[str]:
         state, cfg = self.state, self.config
         found = []
@@ -196,7 +212,7 @@ class RunStart:
         # Both Kafka readings are read-only and each costs a coordinator or fetch round trip:
         # the release topic's tail is read beside the group's record.
         tail = None
-        if self._kafka_parts()[RELEASES]:
+        if self.outputs.to_topic(RELEASES):
             with ThreadPoolExecutor(1, thread_name_prefix="stream-dp-startup") as pool:
                 tail = pool.submit(self._latest_release)
                 record = self._record_before_start()
@@ -274,60 +290,51 @@ class RunStart:
             raise KafkaUnavailable(f"cannot read the consumer group's commits: {err}") from None
 
     def _start_run(self) -> dict:
-        cfg = self.config
-        self.cycle.new_run()
+        cfg, cycle = self.config, self.cycle
+        cycle.new_run()
         # Writer first: that settles any transaction a previous run left open (its offsets are
         # unreadable until then), and a run that is fenced now has written nothing.
-        self._become_writer()
-        self.cycle.verify(self._read_record(), before_start=False)
+        self.become_writer()
+        cycle.verify(self._read_record(), before_start=False)
         if cfg.checkpoint.ledger_journal:
             self._open_journal()
         try:
-            start = getattr(self._source, "start", None)
-            positions = start() if start is not None else self._source.positions()
+            start = getattr(self.source, "start", None)
+            positions = start() if start is not None else self.source.positions()
         except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback
             raise KafkaUnavailable(f"cannot resolve where the input starts: {err}") from None
         # The first checkpoint fixes the noise secret and the run id before anything is
         # published; the marker follows it, so a kill in between leaves no marker without a
         # checkpoint.
-        self._save(positions)
-        self.cycle.mark()
+        cycle.save(positions)
+        cycle.mark()
         log.info(
-            "started model %s, run %s: %s", cfg.model.model_id, self.run_id, self.learner.describe()
+            "started model %s, run %s: %s",
+            cfg.model.model_id,
+            cycle.run_id,
+            self.learner.describe(),
         )
         return positions
 
+    # -- a resumed run -------------------------------------------------------------------------
     def _resume(self) -> dict:
         cfg, state = self.config, self.state
-        c = open_checkpoint(
-            state.checkpoint,
-            self._secret,
-            model_id=cfg.model.model_id,
-            learner_class=type(self.learner).__name__,
-            params=self.learner._get_params(),
-        )
+        c = load_resumable(state.checkpoint, self.learning, cfg.model.model_id)
         self.cycle.resume(c.meta)
-        if self._secret is not None:
-            c.learner_state["secret"] = self._secret
-        acc_state = self.learner.ledger_state(c.learner_state)
-        if "journal" in acc_state:  # it lives beside the checkpoint, wherever that moved
-            acc_state["journal"] = {**acc_state["journal"], "path": str(state.journal)}
-        self.learner.load_state_dict(c.learner_state)
+        self.learning.restore(c.learner_state, state.journal)
         if cfg.checkpoint.ledger_journal and self.learner.accountant.storage.journal is None:
             self._open_journal()
-        for k, v in c.meta.get("stats", {}).items():
-            setattr(self.stats, k, v)
-        self.dead_counts = dict(c.meta.get("dead_counts", {}))
+        self.meta = c.meta
         record = self._record_before_start()
         if record is not None:
             self.cycle.verify(record, before_start=True)
         log.info(
             "resumed model %s, run %s, at step %d (ε spent %.4g; cycle %d)",
             cfg.model.model_id,
-            self.run_id,
+            self.cycle.run_id,
             self.learner.step,
             self.learner.accountant.spent()[0],
-            self.seq,
+            self.cycle.seq,
         )
         return dict(c.positions)
 
@@ -340,34 +347,3 @@ class RunStart:
             log.warning("ledger journal %s is not referred to by the checkpoint: kept as %s",
                         path, aside)  # fmt: skip
         self.learner.accountant.storage.open_journal(path)
-
-    def _become_writer(self) -> None:
-        """Take the model's transactional id (fencing an older writer); idempotent."""
-        from connectors.transactions import ProducerFenced
-
-        try:
-            self.outputs.start(on_retry=self._on_retry, on_wait=self._on_wait)
-        except ProducerFenced as err:
-            raise Fenced(str(err)) from None
-
-    def _recover(self) -> None:
-        """Become the writer, re-check the record, publish what the checkpoint holds."""
-        self._become_writer()
-        self._fenced_as_engine_error(
-            self.cycle.recover, self._source.positions(), self._read_record(), **self._hooks()
-        )
-
-    def _hooks(self) -> dict:
-        return {"on_retry": self._on_retry, "on_wait": self._on_wait}
-
-    def _fenced_as_engine_error(self, fn, *args, **kwargs) -> None:
-        from connectors.transactions import ProducerFenced
-
-        try:
-            fn(*args, **kwargs)
-        except ProducerFenced as err:
-            raise Fenced(
-                f"{err}; the {len(self.outbox)} message(s) of cycle {self.seq} were not published"
-            ) from None
-        finally:
-            self._watch_outage()

@@ -1,7 +1,7 @@
 """The operator's view of a running engine: ``status.json`` and, only on request, raw metrics.
 
 ``status.json`` holds what is safe to show an operator's dashboard: counters (records, learned,
-releases, dead letters per reason, unknown feature names), the privacy budget, consumer lag,
+releases, dead letters per reason, unknown features), the privacy budget, consumer lag,
 since when the input has been idle and since when the broker has been unreachable. Nothing in
 it is computed from record *values*, so it carries no un-noised learning statistic.
 
@@ -17,19 +17,20 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stream_dp.checkpoint import write_private
+from stream_dp.engine.learning import Handled, Outcome
 
 __all__ = [
     "EngineStats",
-    "StatusReports",
+    "StatusReporter",
     "StatusWriter",
     "dp_metrics_summary",
     "dp_operator_metrics",
-    "note_unknown_features",
     "raw_operator_metrics",
 ]
 
@@ -69,14 +70,6 @@ def dp_metrics_summary(metrics: dict[str, Any]) -> str:
     if penalty is not None:
         text += f" avg_penalty={penalty:.3g}±{metrics['average_penalty_std']:.2g}"
     return text + f" clip_rate={metrics['clip_rate']:.2g}±{metrics['clip_rate_std']:.2g}"
-
-
-def note_unknown_features(learner: Any) -> None:
-    """Count a learned record whose unknown features the engine dropped before ``learn_one``
-    (the learner's private metrics count it; a learner without them ignores this)."""
-    note = getattr(learner, "note_unknown_features", None)
-    if note is not None:
-        note()
 
 
 def raw_operator_metrics(learner: Any) -> dict[str, Any]:
@@ -126,7 +119,8 @@ class StatusWriter:
 
 @dataclass
 class EngineStats:
-    """Counters of the model's run (restored from the checkpoint on restart)."""
+    """Counters of the model's run (restored from the checkpoint on restart), counted from each
+    record's :class:`~stream_dp.engine.learning.Outcome`."""
 
     records: int = 0
     learned: int = 0
@@ -136,6 +130,25 @@ class EngineStats:
     unknown_features: int = 0
     records_with_unknown_features: int = 0
     started: float = field(default_factory=time.time)
+    #: Dead letters by reason (``budget_exhausted`` included).
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def count(self, done: Handled) -> None:
+        """Count one input message by what became of it."""
+        self.records += 1
+        if done.unknown:
+            self.unknown_features += done.unknown
+            self.records_with_unknown_features += 1
+        outcome = done.outcome
+        if outcome is Outcome.LEARNED or outcome is Outcome.RELEASED:
+            self.learned += 1
+            self.releases += outcome is Outcome.RELEASED
+            return
+        if outcome is Outcome.REJECTED:
+            self.dead_letters += 1
+        else:
+            self.exhausted_skipped += 1
+        self.reasons[done.key] = self.reasons.get(done.key, 0) + 1
 
     def to_dict(self) -> dict:
         return {
@@ -148,19 +161,70 @@ class EngineStats:
             "records_with_unknown_features": self.records_with_unknown_features,
         }
 
+    def to_meta(self) -> dict:
+        """What a checkpoint keeps of the counters."""
+        return {"stats": self.to_dict(), "dead_counts": dict(self.reasons)}
 
-class StatusReports:
-    """The engine's status: ``status.json`` and the log's status line (a mixin of ``Engine``)."""
+    def restore(self, meta: dict) -> None:
+        """The counters a checkpoint's meta holds (:meth:`to_meta`)."""
+        for k, v in meta.get("stats", {}).items():
+            setattr(self, k, v)
+        self.reasons = dict(meta.get("dead_counts", {}))
 
-    def status(self, now: float | None = None, *, probe: bool = True) -> dict:
-        """Operator status: counters, budget, lag, idleness, outages (no raw statistics)."""
-        now = time.monotonic() if now is None else now
-        elapsed = max(now - self._status_clock, 1e-9)
-        rate = (self.stats.records - self._status_records) / elapsed
-        acc = self.learner.accountant
+
+class StatusReporter:
+    """The engine's status: ``status.json`` and the log's status line, every
+    ``status.interval_seconds``.
+
+    Parameters
+    ----------
+    config : EngineConfig
+    learner
+        The engine's learner (its step, budget and private metrics).
+    stats : EngineStats
+    clock : callable, default time.monotonic
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        learner: Any,
+        stats: EngineStats,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config, self.learner, self.stats, self.clock = config, learner, stats, clock
+        self.writer = StatusWriter(config.status.file, config.status.operator_raw_metrics)
+        self.interval = config.status.interval_seconds
+        self._at = clock()
+        self._records_at = 0
+
+    def due(self, now: float) -> bool:
+        """Whether a status is due at ``now`` (of :attr:`clock`)."""
+        return now - self._at >= self.interval
+
+    def status(
+        self,
+        now: float | None = None,
+        *,
+        probe: bool = True,
+        source: Any = None,
+        cycle: Any = None,
+        idle_since: float | None = None,
+        unreachable_since: float | None = None,
+    ) -> dict:
+        """Operator status: counters, budget, lag, idleness, outages (no raw statistics).
+
+        ``source`` (its lag, asked only with ``probe``) and ``cycle`` (the commit cycle) are
+        the engine's once it has started.
+        """
+        now = self.clock() if now is None else now
+        elapsed = max(now - self._at, 1e-9)
+        stats, learner = self.stats, self.learner
+        rate = (stats.records - self._records_at) / elapsed
+        acc = learner.accountant
         eps, delta = acc.spent()
         lag = None
-        lag_fn = getattr(self._source, "lag", None)
+        lag_fn = getattr(source, "lag", None)
         if probe and lag_fn is not None:
             try:
                 lag = lag_fn(timeout_s=2.0)
@@ -168,51 +232,53 @@ class StatusReports:
                 lag = lag_fn()
             except Exception:  # noqa: BLE001 - status must never stop the engine
                 lag = None
-        cycle, cycle_time = (0, None) if self.cycle is None else self.cycle.last_published
+        published, published_at = (0, None) if cycle is None else cycle.last_published
+        pending = 0 if cycle is None else len(cycle.outbox) + cycle.in_flight
         return {
             "time": time.time(),
             "model_id": self.config.model.model_id,
-            "run_id": self.run_id,
+            "run_id": None if cycle is None else cycle.run_id,
             "private": not self.config.model.reproducible,
             "records_per_s": round(rate, 1),
-            "step": self.learner.step,
+            "step": learner.step,
             "epsilon_spent": eps,
-            "epsilon_budget": self.learner.epsilon,
+            "epsilon_budget": learner.epsilon,
             "delta": delta,
             "rho_spent": acc.rho_spent(),
-            "rho_budget": self.learner.budget.limit,
-            "exhausted": self.learner.exhausted,
-            "dead_letter_reasons": dict(self.dead_counts),
+            "rho_budget": learner.budget.limit,
+            "exhausted": learner.exhausted,
+            "dead_letter_reasons": dict(stats.reasons),
             "consumer_lag": lag,
-            "skipped_records": getattr(self._source, "skipped_records", 0),
-            "idle_since": self._idle_since,
-            "broker_unreachable_since": self.broker_unreachable_since,
-            "last_published_cycle": cycle,
-            "last_published_at": cycle_time,
-            "pending_messages": len(self.outbox) + (self.cycle.in_flight if self.cycle else 0),
-            **self.stats.to_dict(),
-            "dp_metrics": dp_operator_metrics(self.learner),
+            "skipped_records": getattr(source, "skipped_records", 0),
+            "idle_since": idle_since,
+            "broker_unreachable_since": unreachable_since,
+            "last_published_cycle": published,
+            "last_published_at": published_at,
+            "pending_messages": pending,
+            **stats.to_dict(),
+            "dp_metrics": dp_operator_metrics(learner),
         }
 
-    def _report_status(self, now: float, *, probe: bool = True) -> None:
-        s = self.status(now, probe=probe)
+    def report(self, status: dict, now: float) -> None:
+        """Log ``status`` (from :meth:`status` at ``now``) in one line and write the files."""
+        s = status
         log.info(
             "step=%d rec/s=%.0f ε=%.4g/%.4g dead=%d lag=%s releases=%d pending=%d%s%s",
             s["step"],
             s["records_per_s"],
             s["epsilon_spent"],
             s["epsilon_budget"],
-            self.stats.dead_letters,
+            s["dead_letters"],
             s["consumer_lag"],
-            self.stats.releases,
+            s["releases"],
             s["pending_messages"],
             " (idle)" if s["idle_since"] else "",
             dp_metrics_summary(s["dp_metrics"]),
         )
-        raw = raw_operator_metrics(self.learner) if self.status_writer.raw_path else None
+        raw = raw_operator_metrics(self.learner) if self.writer.raw_path else None
         try:
-            self.status_writer.write(s, raw)
+            self.writer.write(s, raw)
         except OSError as err:
             log.warning("cannot write status: %s", err)
-        self._status_clock = now
-        self._status_records = self.stats.records
+        self._at = now
+        self._records_at = self.stats.records

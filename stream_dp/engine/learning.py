@@ -1,0 +1,202 @@
+"""The engine's learner: one input message in, one explicit :class:`Outcome` out.
+
+A message is parsed and conformed to the declared schema (:func:`connectors.schema.
+parse_conformed`), then learned (``learn_one``). What became of it is one of four outcomes,
+each with what the commit cycle must publish for it:
+
+==============  ======================================================  =====================
+``LEARNED``     the record was learned; its step made no release         nothing
+``RELEASED``    the record was learned and its step made a release       the release message
+``REJECTED``    bad input: never learned from                            a dead letter (reason)
+``EXHAUSTED``   valid, but the budget is spent: no longer learned        a dead letter
+                                                                         (``budget_exhausted``)
+==============  ======================================================  =====================
+
+Both stages raise the one record-error type, :class:`connectors.schema.RecordError`, with its
+reason code. The learner's checkpoint state goes through :class:`Learning` too: the noise secret
+derived from a master secret never reaches a checkpoint, and the ledger journal is named
+relative to the checkpoint so that the state directory can move.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from connectors.schema import DeadLetter, RecordError, ReleaseEncoder, parse_conformed
+from stream_dp.engine.builders import build_learner
+from stream_dp.records import InvalidRecord
+
+__all__ = ["BUDGET_EXHAUSTED", "Handled", "Learning", "Outcome"]
+
+#: The dead-letter reason of a valid record that arrives after the budget is spent.
+BUDGET_EXHAUSTED = "budget_exhausted"
+
+
+class Outcome(enum.Enum):
+    """What became of one input message."""
+
+    LEARNED = "learned"
+    RELEASED = "released"
+    REJECTED = "rejected"
+    EXHAUSTED = "exhausted"
+
+
+class Handled(NamedTuple):
+    """One message's outcome and what it produced.
+
+    ``key`` and ``value`` are the message to publish: a release (keyed by the model id) or a
+    dead letter (keyed by its reason); None for a record learned without a release.
+    ``unknown`` counts the features outside the schema that were dropped.
+    """
+
+    outcome: Outcome
+    key: str | None = None
+    value: bytes | None = None
+    unknown: int = 0
+
+
+_LEARNED = Handled(Outcome.LEARNED)
+
+
+class Learning:
+    """The learner as the engine runs it.
+
+    Parameters
+    ----------
+    config : EngineConfig
+        With a declared schema (``model.features``); ``config.model`` is the learner.
+    secret : int, optional
+        The learner's noise secret, derived from a master secret by the caller
+        (:mod:`stream_dp.engine.master_secret`). Checkpoints then never hold it and are
+        sealed under a key derived from it (:meth:`seal_key`).
+
+    Examples
+    --------
+    >>> from stream_dp.engine.config import EngineConfig
+    >>> cfg = EngineConfig.model_validate({
+    ...     "model": {"alpha": 1.0, "buffer": 4, "release_every": 1, "features": ["a"]},
+    ...     "source": {"kind": "jsonl", "path": "-"}, "releases": {"kind": "stdout"},
+    ...     "dead_letters": {"kind": "stdout"}, "checkpoint": {"path": "m.ckpt"}})
+    >>> learning = Learning(cfg)
+    >>> [learning.handle(v).outcome.value for v in (b'{"x": {"a": 0.5}, "y": 1}', b"{")]
+    ['released', 'rejected']
+    >>> learning.handle(b"{").key
+    'invalid_json'
+    """
+
+    def __init__(self, config: Any, secret: int | None = None) -> None:
+        if config.model.features is None:
+            raise ValueError("the engine needs a declared schema (model.features)")
+        self.config = config
+        self.learner = learner = build_learner(config)
+        self.secret = secret
+        self.features = tuple(config.model.features)
+        self.known = frozenset(self.features)
+        self.max_bytes = config.max_message_bytes
+        self.private = not config.model.reproducible
+        #: The run the releases belong to (set when the run starts).
+        self.run_id: str | None = None
+        self._encoder = ReleaseEncoder()
+        if secret is not None:
+            # A learner refuses an explicit ``seed`` unless the run is declared non-private (a
+            # guessable integer); a secret derived from a 128-bit master is not guessable, and
+            # restoring a state with it is how a resumed learner gets its secret anyway.
+            state = learner.state_dict()
+            state["secret"] = int(secret)
+            learner.load_state_dict(state)
+
+    # -- records ---------------------------------------------------------------------------
+    def handle(self, value: Any, position: Any = None) -> Handled:
+        """Learn one message (its raw ``value``; ``position`` goes into a dead letter)."""
+        try:
+            x, y, unknown = parse_conformed(
+                value, self.features, self.known, max_bytes=self.max_bytes
+            )
+        except RecordError as err:
+            return _dead(Outcome.REJECTED, err.reason, err.message, value, position)
+        learner = self.learner
+        step = learner.step
+        try:
+            learner.learn_one(x, y)
+        except InvalidRecord as err:
+            return _dead(Outcome.REJECTED, err.reason, str(err), value, position, unknown)
+        # ``step`` counts the records the learner has learned and ``release_step`` is the
+        # step of its latest release: learn_one's effect, as the learner documents it.
+        if learner.step == step:
+            return _dead(
+                Outcome.EXHAUSTED,
+                BUDGET_EXHAUSTED,
+                "the model's privacy budget is spent; it serves its last release",
+                value,
+                position,
+                unknown,
+            )
+        if unknown:
+            note_unknown_features(learner)
+        if learner.release_step != learner.step:
+            return _LEARNED if not unknown else Handled(Outcome.LEARNED, unknown=unknown)
+        fields = learner.release_message()
+        fields.setdefault("private", self.private)
+        release = self._encoder.encode(fields, run_id=self.run_id, time=time.time())
+        return Handled(Outcome.RELEASED, fields["model_id"], release, unknown)
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def checkpoint_state(self, journal: Path) -> dict:
+        """The learner's state for a checkpoint beside the ledger journal ``journal``."""
+        state = self.learner.state_dict()
+        if self.secret is not None:
+            state["secret"] = None  # derived from the master secret; never at rest
+        acc = self.learner.ledger_state(state)
+        if "journal" in acc:  # named relative to the checkpoint, so the directory can move
+            acc["journal"] = {**acc["journal"], "path": journal.name}
+        return state
+
+    def seal_key(self) -> bytes | None:
+        """The key the learner's checkpoints are sealed under: derived from its secret when
+        that comes from a master secret (None: the learner keeps its own secret)."""
+        if self.secret is None:
+            return None
+        from stream_dp.engine.master_secret import checkpoint_key
+
+        return checkpoint_key(self.secret, self.config.model.model_id)
+
+    def meta(self) -> dict:
+        """What a checkpoint must hold of the secret: its fingerprint (or nothing)."""
+        if self.secret is None:
+            return {}
+        from stream_dp.engine.master_secret import secret_fingerprint
+
+        return {"secret_fingerprint": secret_fingerprint(self.secret)}
+
+    def restore(self, learner_state: dict, journal: Path) -> None:
+        """Load a checkpoint's learner state (the secret put back, the journal found beside the
+        checkpoint, wherever the state directory now is)."""
+        if self.secret is not None:
+            learner_state["secret"] = self.secret
+        acc = self.learner.ledger_state(learner_state)
+        if "journal" in acc:
+            acc["journal"] = {**acc["journal"], "path": str(journal)}
+        self.learner.load_state_dict(learner_state)
+
+
+def note_unknown_features(learner: Any) -> None:
+    """Count a learned record whose unknown features the engine dropped before ``learn_one``
+    (the learner's private metrics count it; a learner without them ignores this)."""
+    note = getattr(learner, "note_unknown_features", None)
+    if note is not None:
+        note()
+
+
+def _dead(
+    outcome: Outcome,
+    reason: str,
+    message: str,
+    value: Any,
+    position: Any,
+    unknown: int = 0,
+) -> Handled:
+    letter = DeadLetter.from_raw(reason, message, value, position)
+    return Handled(outcome, letter.reason, letter.to_json(), unknown)
