@@ -6,6 +6,12 @@ Everything that crosses a process boundary is one of three pydantic v2 models:
   built through :func:`parse_record`, which turns every defect into a :class:`RecordError`
   with a short machine-readable ``reason`` code (see :data:`REASONS`), so bad input can be
   routed to a dead-letter sink instead of stopping the engine or being learned from.
+
+:class:`RecordError` is the one record-error type of the whole project: the learners of
+``stream_dp`` raise it too (``stream_dp.records``), with the same reason codes and the same
+number check (:func:`finite_float`), so the engine catches one type from parsing to learning.
+It lives here, at the bottom of the layers, because this package imports nothing of
+``stream_dp`` (``docs/design.md``, *Layers*).
 * :class:`ReleaseMessage` -- one differentially private model release (``docs/privacy.md``,
   "The engine: one release per step"). It carries the released weights, compactly encoded,
   and the privacy accounting only: never raw records, gradients or the internal iterate.
@@ -38,6 +44,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "LEARNER_REASONS",
     "REASONS",
     "DeadLetter",
     "InputRecord",
@@ -47,12 +54,14 @@ __all__ = [
     "ReleaseMessage",
     "WEIGHTS_DTYPE",
     "conform_features",
+    "finite_float",
+    "is_number",
     "parse_conformed",
     "parse_record",
     "release_message_bytes",
 ]
 
-#: Reason codes carried by :class:`RecordError` and :class:`DeadLetter`.
+#: Reason codes of the wire format, carried by :class:`RecordError` and :class:`DeadLetter`.
 #:
 #: ``invalid_json``      payload is not UTF-8 JSON
 #: ``oversize``          payload longer than ``max_bytes``
@@ -80,6 +89,16 @@ REASONS: tuple[str, ...] = (
     "wrong_dimension",
 )
 
+#: The further reason codes of the learners' own checks (``stream_dp.records``), which share
+#: ``wrong_type``, ``non_finite``, ``empty_features`` and ``wrong_dimension`` (an array record
+#: of the wrong length) with :data:`REASONS`:
+#:
+#: ``bad_label``         a label the learner's task cannot take: an AUC label other than
+#:                       True/False, 1/0 or +-1; a class label that is missing or unhashable
+#: ``no_schema``         an array record before any schema exists (a learner without declared
+#:                       features takes its schema from the first record it learns)
+LEARNER_REASONS: tuple[str, ...] = ("bad_label", "no_schema")
+
 #: Labels may be booleans, integers, finite floats or non-empty strings.
 Label = bool | int | float | str
 
@@ -87,12 +106,13 @@ _DEAD_LETTER_MAX_CHARS = 10_000
 
 
 class RecordError(ValueError):
-    """A rejected input record.
+    """A rejected input record: bad input, never learned from (the engine dead-letters it).
 
     Parameters
     ----------
     reason : str
-        Machine-readable code, one of :data:`REASONS`. Safe to use as a metric label.
+        Machine-readable code, one of :data:`REASONS` or :data:`LEARNER_REASONS`. Safe to use
+        as a metric label.
     message : str, optional
         Human-readable explanation. May quote feature *names* but never feature values, so
         that it can be logged without leaking record contents.
@@ -116,29 +136,60 @@ class RecordError(ValueError):
         return (type(self), (self.reason, self.message))
 
 
-def _is_number(value: object) -> bool:
-    # bool is an int subclass; True as a feature is almost always an upstream encoding bug.
-    # numbers.Real admits NumPy scalars for records built in-process.
-    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+def is_number(value: object, *, bools: bool = False) -> bool:
+    """Whether ``value`` is a real number (NumPy scalars included; never a string).
+
+    A bool is a number only with ``bools``: a learner takes ``True`` as 1 in a dict record, as
+    river does, while in a wire record ``true`` as a feature is almost always an upstream
+    encoding bug. NumPy's ``bool_`` is never a number.
+
+    Examples
+    --------
+    >>> is_number(2), is_number(np.float32(0.5)), is_number("2"), is_number(True)
+    (True, True, False, False)
+    >>> is_number(True, bools=True)
+    True
+    """
+    return isinstance(value, numbers.Real) and (bools or not isinstance(value, bool))
 
 
-def _finite_float(value: object, what: str) -> float:
-    if not _is_number(value):
-        raise PydanticCustomError(
-            "wrong_type",
-            "{what} must be a number, got {kind}",
-            {"what": what, "kind": type(value).__name__},
-        )
+def finite_float(value: object, what: str, *, bools: bool = False) -> float:
+    """``value`` as a finite float, or a :class:`RecordError` naming ``what`` it is.
+
+    Raises
+    ------
+    RecordError
+        ``wrong_type`` (not a number, see :func:`is_number`) or ``non_finite`` (NaN, ±inf, or
+        an int beyond a double).
+
+    Examples
+    --------
+    >>> finite_float(3, "feature 'a'")
+    3.0
+    >>> try:
+    ...     finite_float(10**400, "feature 'a'")
+    ... except RecordError as err:
+    ...     print(err)
+    non_finite: feature 'a' is too large for a float
+    """
+    if not is_number(value, bools=bools):
+        raise RecordError("wrong_type", f"{what} must be a number, got {type(value).__name__}")
     try:
         as_float = float(value)  # type: ignore[arg-type]
     except OverflowError:
         # Python ints are unbounded; 10**400 does not fit in a double.
-        raise PydanticCustomError(
-            "non_finite", "{what} is too large for a float", {"what": what}
-        ) from None
+        raise RecordError("non_finite", f"{what} is too large for a float") from None
     if not math.isfinite(as_float):
-        raise PydanticCustomError("non_finite", "{what} is not finite", {"what": what})
+        raise RecordError("non_finite", f"{what} is not finite")
     return as_float
+
+
+def _finite_float(value: object, what: str) -> float:
+    """:func:`finite_float` inside a pydantic validator (which carries the reason on)."""
+    try:
+        return finite_float(value, what)
+    except RecordError as err:
+        raise PydanticCustomError(err.reason, "{message}", {"message": err.message}) from None
 
 
 class InputRecord(BaseModel):
@@ -219,7 +270,7 @@ class InputRecord(BaseModel):
             return value
         if isinstance(value, np.bool_):
             return bool(value)
-        if _is_number(value):
+        if is_number(value):
             as_float = _finite_float(value, "label y")
             return int(value) if isinstance(value, numbers.Integral) else as_float
         raise PydanticCustomError(

@@ -6,34 +6,40 @@ from; the feature space (names, order, d) is fixed before the first record — i
 data. Features are ordered by name so that two learners fed the same records with their keys in
 a different order are identical (noise coordinates follow the schema order).
 
+A rejected record raises :class:`RecordError` (also named :class:`InvalidRecord` here), the one
+record-error type of the library and the engine, with a reason code of
+:data:`connectors.schema.REASONS` or :data:`connectors.schema.LEARNER_REASONS`; like every
+record error, its message may name a feature but never quotes a value. Numbers are checked by
+:func:`connectors.schema.finite_float`, as the engine's wire format checks them
+(``docs/design.md``, *Layers*, says why that type lives in ``connectors``).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import operator
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["FeatureSchema", "InvalidRecord", "clip_norm", "clip_rows", "auc_label", "LabelCodes"]
+from connectors.schema import RecordError, finite_float, is_number
 
+__all__ = [
+    "FeatureSchema",
+    "InvalidRecord",
+    "LabelCodes",
+    "RecordError",
+    "auc_label",
+    "clip_norm",
+    "clip_rows",
+]
 
-class InvalidRecord(ValueError):
-    """A record that must not be learned from; ``reason`` is a short machine-readable code."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+#: The name the learners' callers know :class:`RecordError` by: the same class.
+InvalidRecord = RecordError
 
 
 def _sort_key(k: Hashable) -> tuple[str, str]:
     return (type(k).__name__, str(k))
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, str)
 
 
 class FeatureSchema:
@@ -75,7 +81,7 @@ class FeatureSchema:
 
     def _set(self, names: tuple) -> None:
         if len(names) == 0:
-            raise InvalidRecord("empty_features", "a record needs at least one feature")
+            raise RecordError("empty_features", "a record needs at least one feature")
         if len(set(names)) != len(names):
             raise ValueError("feature names must be unique")
         self.names = names
@@ -101,7 +107,7 @@ class FeatureSchema:
         any are counted in ``unknown_records``), missing features are 0, as in river. Without a
         declared schema the first learned record's keys become the schema (non-private
         learners only: a private learner needs the schema before any data).
-        Raises :class:`InvalidRecord` for non-numeric or non-finite values.
+        Raises :class:`RecordError` for non-numeric or non-finite values.
         """
         if isinstance(x, Mapping):
             return self._dict_to_array(x, learning)
@@ -109,44 +115,35 @@ class FeatureSchema:
             try:
                 arr = np.asarray(x)
             except (ValueError, TypeError, OverflowError):  # ragged, undecodable bytes, ...
-                raise InvalidRecord(
+                raise RecordError(
                     "wrong_type", "an array record must be a 1-D numeric vector"
                 ) from None
             if arr.ndim != 1 or arr.dtype.kind not in "biuf":  # not complex, str, object, ...
-                raise InvalidRecord("wrong_type", "an array record must be a 1-D numeric vector")
+                raise RecordError("wrong_type", "an array record must be a 1-D numeric vector")
             with np.errstate(over="ignore", invalid="ignore"):  # huge longdouble -> inf: rejected
                 arr = arr.astype(float)
             if self.names is None:
                 if not learning:
-                    raise InvalidRecord("no_schema", "no schema yet: learn a record first")
+                    raise RecordError("no_schema", "no schema yet: learn a record first")
                 self._set(tuple(f"x{i}" for i in range(len(arr))))
             if len(arr) != self.dim:
-                raise InvalidRecord(
+                raise RecordError(
                     "wrong_dimension", f"expected {self.dim} features, got {len(arr)}"
                 )
             if not np.isfinite(arr).all():
-                raise InvalidRecord("non_finite", "features must be finite (no NaN or inf)")
+                raise RecordError("non_finite", "features must be finite (no NaN or inf)")
             return arr
-        raise InvalidRecord(
-            "wrong_type", f"x must be a dict or a 1-D array, got {type(x).__name__}"
-        )
+        raise RecordError("wrong_type", f"x must be a dict or a 1-D array, got {type(x).__name__}")
 
     def _dict_to_array(self, x: Mapping, learning: bool) -> np.ndarray:
         self.last_unknown = False
         fast = self._fast_dict(x)
         if fast is not None:
             return fast
+        isfinite = math.isfinite
         for k, v in x.items():
-            if not _is_number(v):
-                raise InvalidRecord(
-                    "wrong_type", f"feature {k!r} must be a real number, got {type(v).__name__}"
-                )
-            try:
-                finite = math.isfinite(v)
-            except OverflowError:  # an int or Fraction beyond the range of a double
-                finite = False
-            if not finite:
-                raise InvalidRecord("non_finite", f"feature {k!r} is not finite or too large")
+            if type(v) is not float or not isfinite(v):  # plain finite floats need no more
+                finite_float(v, f"feature {k!r}", bools=True)
         if self.names is None:
             if not learning:
                 return np.zeros(0)
@@ -314,12 +311,14 @@ def auc_label(y: object) -> float:
     """
     if y is True or y is False or isinstance(y, np.bool_):
         return 1.0 if y else -1.0
-    if _is_number(y) and not (isinstance(y, float) and math.isnan(y)):
+    if is_number(y, bools=True) and not (isinstance(y, float) and math.isnan(y)):
         if y == 1:
             return 1.0
         if y == 0 or y == -1:
             return -1.0
-    raise InvalidRecord("bad_label", f"an AUC label must be True/False, 1/0 or +1/-1, got {y!r}")
+    raise RecordError(
+        "bad_label", f"an AUC label must be True/False, 1/0 or +1/-1, not this {type(y).__name__}"
+    )
 
 
 class LabelCodes:
@@ -331,13 +330,15 @@ class LabelCodes:
     def encode(self, y: object, register: bool = True) -> float:
         """The code of label ``y``; with ``register=False`` a new label is validated, not stored."""
         if y is None or (isinstance(y, float) and math.isnan(y)):
-            raise InvalidRecord("bad_label", f"a class label is required, got {y!r}")
+            raise RecordError("bad_label", f"a class label is required, got {y!r}")
         if not isinstance(y, Hashable):
-            raise InvalidRecord("bad_label", f"a class label must be hashable, got {y!r}")
+            raise RecordError(
+                "bad_label", f"a class label must be hashable, not a {type(y).__name__}"
+            )
         if isinstance(y, np.generic):
             y = y.item()
             if isinstance(y, float) and math.isnan(y):  # np.float32('nan') is no Python float
-                raise InvalidRecord("bad_label", f"a class label is required, got {y!r}")
+                raise RecordError("bad_label", f"a class label is required, got {y!r}")
         code = self.codes.get(y)
         if code is None:
             code = float(len(self.codes))

@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 
 from connectors.schema import DeadLetter, RecordError, ReleaseEncoder, parse_conformed
 from stream_dp.engine.builders import build_learner
-from stream_dp.records import InvalidRecord
 
 __all__ = ["BUDGET_EXHAUSTED", "Handled", "Learning", "Outcome"]
 
@@ -111,18 +110,16 @@ class Learning:
     # -- records ---------------------------------------------------------------------------
     def handle(self, value: Any, position: Any = None) -> Handled:
         """Learn one message (its raw ``value``; ``position`` goes into a dead letter)."""
+        learner = self.learner
+        step = learner.step
+        unknown = 0
         try:
             x, y, unknown = parse_conformed(
                 value, self.features, self.known, max_bytes=self.max_bytes
             )
-        except RecordError as err:
-            return _dead(Outcome.REJECTED, err.reason, err.message, value, position)
-        learner = self.learner
-        step = learner.step
-        try:
             learner.learn_one(x, y)
-        except InvalidRecord as err:
-            return _dead(Outcome.REJECTED, err.reason, str(err), value, position, unknown)
+        except RecordError as err:  # from the wire format or from the learner: one type
+            return _dead(Outcome.REJECTED, err.reason, err.message, value, position, unknown)
         # ``step`` counts the records the learner has learned and ``release_step`` is the
         # step of its latest release: learn_one's effect, as the learner documents it.
         if learner.step == step:

@@ -16,8 +16,8 @@ import numpy as np
 
 from stream_dp.records import (
     FeatureSchema,
-    InvalidRecord,
     LabelCodes,
+    RecordError,
     auc_label,
     clip_rows,
 )
@@ -97,7 +97,7 @@ class RecordInput:
 
     # -- one record -------------------------------------------------------------------------
     def validate(self, x, y) -> tuple[np.ndarray, float]:
-        """The clipped vector and label code of a record, or :class:`InvalidRecord`."""
+        """The clipped vector and label code of a record, or :class:`RecordError`."""
         schema = self.schema
         fresh = schema.names is None
         try:
@@ -108,7 +108,7 @@ class RecordInput:
                 yv = 1.0 if y else -1.0
             else:
                 yv = auc_label(y)
-        except InvalidRecord:
+        except RecordError:
             if fresh:
                 schema.__init__(self._declared)  # undo a schema taken from a rejected record
             raise
@@ -174,7 +174,7 @@ class RecordInput:
             for i in range(k):
                 try:
                     codes[i] = code(labels[i])
-                except InvalidRecord:
+                except RecordError:
                     k = i
                     break
         k = min(k, len(codes))
@@ -248,9 +248,9 @@ class RecordInput:
         else:
             A = np.asarray(X, dtype=float)
             if A.ndim != 2 or A.shape[1] != len(names):
-                raise InvalidRecord("wrong_dimension", f"expected rows of {len(names)} features")
+                raise RecordError("wrong_dimension", f"expected rows of {len(names)} features")
         if not np.isfinite(A).all():
-            raise InvalidRecord("non_finite", "features must be finite (no NaN or inf)")
+            raise RecordError("non_finite", "features must be finite (no NaN or inf)")
         return clip_rows(A, self.radius)
 
     # -- checkpoints ------------------------------------------------------------------------
