@@ -60,6 +60,13 @@ class FeatureSchema:
 
     """
 
+    #: While set, the general dict path records which declared features each record carries
+    #: (:attr:`last_present`); the learner's input sets it until every feature has arrived.
+    track_presence = False
+    #: Positions of the declared features the last converted record carried, when it lacked
+    #: some and :attr:`track_presence` is set; None: it carried them all (or nobody asked).
+    last_present: list[int] | None = None
+
     def __init__(self, names: Sequence[Hashable] | int | None = None) -> None:
         self.names: tuple | None = None
         #: Accepted records that carried features outside the schema (those were ignored). The
@@ -90,7 +97,13 @@ class FeatureSchema:
 
     def __getstate__(self) -> dict:
         # The conversion cache holds a raw record: never pickle or copy it with the model.
-        return {**self.__dict__, "_last": None, "last_unknown": False, "last_clipped": False}
+        return {
+            **self.__dict__,
+            "_last": None,
+            "last_unknown": False,
+            "last_clipped": False,
+            "last_present": None,
+        }
 
     @property
     def dim(self) -> int | None:
@@ -137,6 +150,7 @@ class FeatureSchema:
 
     def _dict_to_array(self, x: Mapping, learning: bool) -> np.ndarray:
         self.last_unknown = False
+        self.last_present = None
         fast = self._fast_dict(x)
         if fast is not None:
             return fast
@@ -151,13 +165,18 @@ class FeatureSchema:
         out = np.zeros(len(self.names))
         index = self._index
         unknown = False
+        present: list[int] | None = [] if self.track_presence else None
         for k, v in x.items():
             i = index.get(k)
             if i is None:  # not part of the model: ignored (and counted when learning)
                 unknown = True
                 continue
             out[i] = v
+            if present is not None:
+                present.append(i)
         self.last_unknown = unknown
+        if present is not None and len(present) < len(out):
+            self.last_present = present
         return out
 
     def to_clipped(self, x, radius: float, *, learning: bool) -> np.ndarray:
@@ -168,6 +187,7 @@ class FeatureSchema:
         """
         names = self.names
         self.last_unknown = False
+        self.last_present = None
         if isinstance(x, dict) and names is not None and len(x) == len(names):
             try:
                 vals = self._getter(x)

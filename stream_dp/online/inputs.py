@@ -2,6 +2,9 @@
 
 A record is validated without changing any state (a rejected record leaves no trace), then
 *accepted*: only then is a new metric class registered and the operator-only counters moved.
+Two warnings, each once, point at a pipeline that does not fit the learner: most records
+clipped (features not scaled), and declared features that never arrive while features outside
+the schema do (a schema declared before a one-hot encoder, say).
 Features outside the declared schema are ignored and counted, missing ones are 0; every ``x`` is
 clipped to ``‖x‖₂ ≤ R``, which the privacy proof needs (``docs/privacy.md``, *Privacy unit and
 neighbouring streams*). Batches are validated row by row in bulk, with the same result as one
@@ -22,12 +25,15 @@ from stream_dp.records import (
     clip_rows,
 )
 
-__all__ = ["CLIP_WARN_AFTER", "CLIP_WARN_FRACTION", "RecordInput"]
+__all__ = ["CLIP_WARN_AFTER", "CLIP_WARN_FRACTION", "FEATURES_WARN_AFTER", "RecordInput"]
 
 #: The clip-rate warning looks at the clip counter from this many accepted records on ...
 CLIP_WARN_AFTER = 100
 #: ... and warns (once) when more than this fraction of them were clipped.
 CLIP_WARN_FRACTION = 0.5
+#: From this many accepted records on, declared features that none of them carried, while some
+#: carried features outside the schema, are warned about (once).
+FEATURES_WARN_AFTER = 100
 
 
 def _is_frame(X) -> bool:
@@ -85,6 +91,16 @@ class RecordInput:
         #: Accepted records. Operator-only.
         self.n_accepted = 0
         self.clip_warned = False
+        #: Positions of the declared features no accepted record has carried yet (None: not
+        #: watched, because the schema was not declared or every feature has arrived).
+        self.never_seen: set[int] | None = None
+        self.features_warned = False
+        if self.schema.names is not None:
+            self._watch(set(range(len(self.schema.names))))
+
+    def _watch(self, never_seen: set[int] | None) -> None:
+        self.never_seen = never_seen or None
+        self.schema.track_presence = self.never_seen is not None
 
     @property
     def n_unknown(self) -> int:
@@ -124,8 +140,45 @@ class RecordInput:
             self.n_clipped += 1
             if not self.clip_warned:
                 self._check_clip_rate()
+        if schema.track_presence:
+            self._note_features(schema.last_present)
         if self.task == "metric":
             self.labels.encode(y)
+
+    def _note_features(self, present: list[int] | None) -> None:
+        """Accepted records carried the declared features ``present`` (None: all of them).
+
+        Warns once when some declared features never arrived in the first
+        :data:`FEATURES_WARN_AFTER` records while features outside the schema did: the model
+        then learns on part of its schema only, usually because the schema names a column a
+        preprocessing step renames (a one-hot encoder's ``color`` becomes ``color_red``, ...).
+        The warning names the declared features (the public schema), never the unknown ones,
+        which come from the data.
+        """
+        never = self.never_seen
+        if present is None:
+            never.clear()
+        else:
+            never.difference_update(present)
+        if not never:
+            self._watch(None)
+            return
+        if self.n_accepted < FEATURES_WARN_AFTER or not self.schema.unknown_records:
+            return
+        names = self.schema.names
+        missing = [names[i] for i in sorted(never)]
+        shown = ", ".join(repr(n) for n in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        self.features_warned = True
+        self._watch(None)
+        warnings.warn(
+            f"{len(missing)} declared feature(s) never arrived in the first {self.n_accepted} "
+            f"records ({shown}) while {self.schema.unknown_records} of them carried features "
+            "outside the schema, which are ignored: the model learns on the rest of its schema "
+            "only. Declare the features as the learner receives them (after any encoder, e.g. "
+            "a one-hot encoder's columns); the count is the learner's unknown_features",
+            UserWarning,
+            stacklevel=4,
+        )
 
     def _check_clip_rate(self) -> None:
         """Warn once when most records are clipped: the model then sees little more than their
@@ -155,6 +208,7 @@ class RecordInput:
         raises as ``learn_one`` would. None when the batch cannot be judged in bulk (no schema
         yet, object columns, unknown DataFrame columns, …): then every row goes alone.
         """
+        self.schema.last_present = None
         A = self._rows(X)
         if A is None:
             return None
@@ -189,6 +243,8 @@ class RecordInput:
         self.n_clipped += n
         if n and not self.clip_warned:
             self._check_clip_rate()
+        if self.schema.track_presence and len(clipped):
+            self._note_features(self.schema.last_present)
         if self.task == "metric":
             for label in labels:
                 self.labels.encode(label)
@@ -206,6 +262,8 @@ class RecordInput:
             A = np.zeros((len(X), len(names)))
             for col in X.columns:
                 A[:, index[col]] = X[col].to_numpy(dtype=float)
+            if self.schema.track_presence and len(X.columns) < len(names):
+                self.schema.last_present = [index[col] for col in X.columns]
             return A
         try:
             A = np.asarray(X)
@@ -262,6 +320,8 @@ class RecordInput:
             "n_accepted": self.n_accepted,
             "clip_warned": self.clip_warned,
             "n_unknown": self.schema.unknown_records,
+            "features_warned": self.features_warned,
+            "never_seen": None if self.never_seen is None else sorted(self.never_seen),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -272,3 +332,6 @@ class RecordInput:
         self.n_clipped = int(state.get("n_clipped", 0))
         self.n_accepted = int(state.get("n_accepted", 0))
         self.clip_warned = bool(state.get("clip_warned", False))
+        self.features_warned = bool(state.get("features_warned", False))
+        never = state.get("never_seen")
+        self._watch(None if never is None else {int(i) for i in never})
