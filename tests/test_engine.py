@@ -753,3 +753,17 @@ def test_the_deployed_example_configs_are_valid(name):
     cfg = load_config(path)
     text = dry_run(cfg)
     assert cfg.model.algorithm in text and "release message: at most" in text
+
+
+def test_the_engine_learner_warns_when_declared_features_never_arrive(tmp_path):
+    """The engine drops unknown features before the learner sees them, and still the learner
+    says which declared ones never came (here ``c``: the producer sends ``c_red``/``c_blue``)."""
+    rng = np.random.default_rng(3)
+    data = [
+        json.dumps({"x": {"a": float(rng.normal()), "b": 0.1, f"c_{i % 2}": 1.0}, "y": i % 2})
+        for i in range(150)
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(data) + "\n")
+    with pytest.warns(UserWarning, match=r"declared feature\(s\) never arrived .*\('c'\)"):
+        stats = Engine(config(tmp_path)).run()
+    assert stats.learned == 150 and stats.records_with_unknown_features == 150
