@@ -4,7 +4,9 @@ The engine reads records from the configured source (Kafka, JSONL or CSV), learn
 private learner on the declared schema, publishes every release to the release sink with its
 privacy ledger, sends bad input to the dead-letter sink with its reason, and checkpoints so that
 a crash loses nothing and never publishes two different releases of one step. SIGTERM or
-Ctrl-C commits and exits cleanly.
+Ctrl-C commits and exits cleanly; a stop that is not done within 3 s (a learner busy compiling
+its kernels, Kafka away), or a second Ctrl-C, ends the run where it is, as a crash would: the
+next start resumes from the last checkpoint.
 
 Exit codes:
 

@@ -27,6 +27,7 @@ part                   does                                                modul
 ``cycle``              the commit cycle: checkpoint, then publish          :mod:`~.commit`
 ``reporter``           ``status.json`` and the log's status line           :mod:`~.status`
 ``outage``             broker outages: logged once, deadline               :mod:`~.outage`
+``stopping``           stop requests (signals), their grace                :mod:`~.stopping`
 :class:`Startup`       resume, start new, or refuse (once per run)         :mod:`~.startup`
 =====================  ==================================================  ====================
 
@@ -41,10 +42,7 @@ Exit codes of ``stream-dp run`` follow the exceptions: :class:`StateError` 3,
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
-from typing import Any
 
 from stream_dp.engine.builders import build_source
 from stream_dp.engine.commit import CommitCycle, CyclePolicy, Outbox, RunRefused
@@ -56,14 +54,11 @@ from stream_dp.engine.outputs import DEAD_LETTERS, RELEASES, Outputs
 from stream_dp.engine.startup import Startup
 from stream_dp.engine.state import StateDir, StateLocked
 from stream_dp.engine.status import EngineStats, StatusReporter, StatusWriter
+from stream_dp.engine.stopping import Abandoned, StopRequest
 
 __all__ = ["Engine"]
 
 log = logging.getLogger("stream_dp.engine")
-
-#: Seconds a stop request (SIGTERM) waits for a publication in progress before leaving it to
-#: the next start (the checkpoint holds it).
-STOP_GRACE_SECONDS = 10.0
 
 
 class Engine:
@@ -129,8 +124,7 @@ class Engine:
         self._given_sinks = {RELEASES: releases, DEAD_LETTERS: dead_letters}
         self.outputs: Outputs | None = None
         self.cycle: CommitCycle | None = None
-        self._stop = threading.Event()
-        self._stop_time: float | None = None
+        self.stopping = StopRequest()
         self._idle_since: float | None = None
 
     # -- the parts -----------------------------------------------------------------------------
@@ -233,7 +227,7 @@ class Engine:
         now = time.monotonic()
         if self.reporter.due(now):
             self._report_status(now, probe=False)
-        if self._stop_time is not None and now - self._stop_time >= STOP_GRACE_SECONDS:
+        if self.stopping.overdue(now):
             raise Interrupted()
         self.outage.check()
 
@@ -243,27 +237,35 @@ class Engine:
     # -- lifecycle -----------------------------------------------------------------------------
     def stop(self) -> None:
         """Finish the current batch, commit and return from :meth:`run` (thread-safe)."""
-        if self._stop_time is None:
-            self._stop_time = time.monotonic()
-        self._stop.set()
+        self.stopping.request()
 
     def run(self) -> EngineStats:
-        """Process the source until it ends, ``max_records`` is reached or :meth:`stop`."""
+        """Process the source until it ends, ``max_records`` is reached or :meth:`stop`.
+
+        In the main thread, SIGTERM and SIGINT (Ctrl-C) stop the run: gracefully, or where it
+        is once :data:`~stream_dp.engine.stopping.STOP_GRACE_SECONDS` have passed
+        (:mod:`stream_dp.engine.stopping`).
+        """
         self._acquire()
-        handlers = self._install_signals()
+        self.stopping.install()
         try:
-            self._start()
-            self._loop()
-            self.finish()
+            try:
+                self._start()
+                self._loop()
+                self.finish()
+            finally:
+                self.stopping.disarm()
         except Interrupted:
             self._report_interrupted()
+        except Abandoned:
+            self._report_abandoned()
         except KafkaUnavailable:
             self._give_up_outage()
             raise
         except RunRefused as err:
             raise StateError(str(err)) from None
         finally:
-            self._restore_signals(handlers)
+            self.stopping.restore()
             self.close()
         return self.stats
 
@@ -384,6 +386,14 @@ class Engine:
         except EngineError as err:
             log.error("could not checkpoint before stopping: %s", err)
 
+    def _report_abandoned(self) -> None:
+        log.warning(
+            "stopped without a last checkpoint (the stop was not done within %g s): the next "
+            "start resumes at cycle %d and learns again, identically, what came after it",
+            self.stopping.grace,
+            self.seq,
+        )
+
     def _report_interrupted(self) -> None:
         log.warning(
             "stopped while waiting for Kafka: the %d message(s) of cycle %d are checkpointed and "
@@ -394,7 +404,7 @@ class Engine:
 
     def _loop(self) -> None:
         source = self._source
-        while not self._stop.is_set():
+        while not self.stopping.requested:
             want = self.cycle.batch_limit()
             if self.max_records is not None:
                 want = min(want, self.max_records - self.stats.records)
@@ -424,17 +434,3 @@ class Engine:
 
     def _report_status(self, now: float, *, probe: bool = True) -> None:
         self.reporter.report(self.status(now, probe=probe), now)
-
-    # -- signals -----------------------------------------------------------------------------
-    def _install_signals(self) -> dict:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        old = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            old[sig] = signal.signal(sig, lambda *_: self.stop())
-        return old
-
-    @staticmethod
-    def _restore_signals(old: dict[Any, Any]) -> None:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)

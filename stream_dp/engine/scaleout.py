@@ -38,7 +38,6 @@ be in every partition and the guarantees add up (``docs/privacy.md``, "Scale-out
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +51,7 @@ from stream_dp.engine.master_secret import partition_secret
 from stream_dp.engine.runner import Engine
 from stream_dp.engine.state import StateLocked
 from stream_dp.engine.status import StatusWriter
+from stream_dp.engine.stopping import Abandoned, StopRequest
 
 __all__ = ["ScaleOut", "composition", "partition_config"]
 
@@ -164,7 +164,7 @@ class ScaleOut:
         #: ``time.time()`` since which the group consumer has not reached Kafka (None: it has).
         self.unreachable_since: float | None = None
         self._backoff = Backoff(maximum=10.0, logger=log, what="Kafka group consume")
-        self._stop = threading.Event()
+        self.stopping = StopRequest()
         status_file = config.status.file
         if status_file is not None and instance is not None:
             if not instance.replace("-", "").replace("_", "").isalnum():
@@ -302,7 +302,7 @@ class ScaleOut:
     # -- loop ----------------------------------------------------------------------------
     def stop(self) -> None:
         """End the cycles of every partition, leave the group and return (thread-safe)."""
-        self._stop.set()
+        self.stopping.request()
 
     def _ensure_checkpoint_topic(self) -> None:
         """Create the compacted checkpoint topic if it is configured and missing."""
@@ -355,21 +355,29 @@ class ScaleOut:
         self._consumer.subscribe(topics=[src.topic], listener=self._listener())
 
     def run(self) -> dict[str, Any]:
-        """Learn until the input has been idle ``source.max_idle_seconds``, or :meth:`stop`."""
-        handlers = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                handlers[sig] = signal.signal(sig, lambda *_: self.stop())
+        """Learn until the input has been idle ``source.max_idle_seconds``, or :meth:`stop`.
+
+        In the main thread, SIGTERM and SIGINT stop it as they stop an
+        :class:`~stream_dp.engine.runner.Engine` (:mod:`stream_dp.engine.stopping`).
+        """
+        self.stopping.install()
         try:
-            self._ensure_checkpoint_topic()
-            self._open_consumer()
-            self._loop()
-            final = self.status()
-            self._release_all()
+            try:
+                self._ensure_checkpoint_topic()
+                self._open_consumer()
+                self._loop()
+                final = self.status()
+                self._release_all()
+            finally:
+                self.stopping.disarm()
             return final
+        except Abandoned:
+            log.warning("stopped without a last checkpoint of partitions %s (the stop was not "
+                        "done within %g s): their next owners resume from their last "
+                        "checkpoints", sorted(self.engines), self.stopping.grace)  # fmt: skip
+            return self.status()
         finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
+            self.stopping.restore()
             for engine in self.engines.values():
                 engine.close()
             self.engines.clear()
@@ -442,7 +450,7 @@ class ScaleOut:
     def _loop(self) -> None:
         idle_limit = self.config.source.max_idle_seconds
         last_record = time.monotonic()
-        while not self._stop.is_set():
+        while not self.stopping.requested:
             want = 500
             if self.max_records is not None:
                 want = min(want, self.max_records - self.records)
