@@ -140,15 +140,17 @@ class EngineStats:
             self.unknown_features += done.unknown
             self.records_with_unknown_features += 1
         outcome = done.outcome
-        if outcome is Outcome.LEARNED or outcome is Outcome.RELEASED:
+        if outcome is Outcome.RELEASED:
             self.learned += 1
-            self.releases += outcome is Outcome.RELEASED
-            return
-        if outcome is Outcome.REJECTED:
-            self.dead_letters += 1
-        else:
-            self.exhausted_skipped += 1
-        self.reasons[done.key] = self.reasons.get(done.key, 0) + 1
+            self.releases += 1
+        elif outcome is Outcome.LEARNED:
+            self.learned += 1
+        else:  # a dead letter, keyed by its reason
+            if outcome is Outcome.REJECTED:
+                self.dead_letters += 1
+            else:
+                self.exhausted_skipped += 1
+            self.reasons[done.key] = self.reasons.get(done.key, 0) + 1
 
     def to_dict(self) -> dict:
         return {
