@@ -26,7 +26,7 @@ from stream_dp.engine.cli import dry_run
 from stream_dp.engine.errors import StateError
 from stream_dp.engine.preflight import ReleaseTooLarge
 from stream_dp.engine.state import StateDir
-from stream_dp.engine.stopping import STOP_GRACE_SECONDS
+from stream_dp.engine.stopping import SIGNAL_GRACE_SECONDS
 from stream_dp.online import OnPairStrC
 from stream_dp.privacy import accountant_from_dict
 
@@ -867,7 +867,7 @@ def test_sigint_does_not_wait_for_a_busy_learner(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="stream_dp.engine"):
         stats = engine.run()
     took.append(time.monotonic())
-    assert STOP_GRACE_SECONDS <= took[1] - took[0] < 5 * (STOP_GRACE_SECONDS + 0.03)
+    assert SIGNAL_GRACE_SECONDS <= took[1] - took[0] < 5 * (SIGNAL_GRACE_SECONDS + 0.03)
     assert "stopped without a last checkpoint" in caplog.text
     assert signal.getsignal(signal.SIGINT) is before
     assert stats.records == 0

@@ -243,7 +243,7 @@ class Engine:
         """Process the source until it ends, ``max_records`` is reached or :meth:`stop`.
 
         In the main thread, SIGTERM and SIGINT (Ctrl-C) stop the run: gracefully, or where it
-        is once :data:`~stream_dp.engine.stopping.STOP_GRACE_SECONDS` have passed
+        is once :data:`~stream_dp.engine.stopping.SIGNAL_GRACE_SECONDS` have passed
         (:mod:`stream_dp.engine.stopping`).
         """
         self._acquire()

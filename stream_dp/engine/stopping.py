@@ -1,14 +1,18 @@
 """Stop requests: SIGTERM and Ctrl-C end a run gracefully, and within seconds in any case.
 
-A stop request (a signal, or :meth:`StopRequest.request` from another thread) lets the engine
-end gracefully: learn the batch in hand, checkpoint the cycle and publish it. That usually
-takes well under a second, but not always: the learner may be busy (numba compiling its kernels
-on a first start, a slow metric step) or Kafka away. So a request has
-:data:`STOP_GRACE_SECONDS`; after that, or at a second signal, the main thread is stopped where
-it is by :class:`Abandoned`, and the run ends as a crash would. That is safe by design (the
-engine survives SIGKILL at any point): nothing that no checkpoint holds was published, and the
-next start resumes from the last checkpoint and learns the rest again, identically
-(``docs/privacy.md``, *The engine: one release per step*).
+A stop request lets the engine end gracefully: learn the batch in hand, checkpoint the cycle
+and publish it. That usually takes well under a second, but not always: Kafka may be away, or
+the learner busy (numba compiling its kernels on a first start, a slow metric step).
+
+* Asked by :meth:`StopRequest.request` (``Engine.stop()`` from another thread), the engine
+  waits up to :data:`STOP_GRACE_SECONDS` for a publication in progress, then stops with the
+  cycle checkpointed (the next start publishes it).
+* Asked by a signal, it has :data:`SIGNAL_GRACE_SECONDS` for all of it; after that, or at a
+  second signal, the main thread is stopped where it is by :class:`Abandoned`, and the run ends
+  as a crash would. That is safe by design (the engine survives SIGKILL at any point): nothing
+  that no checkpoint holds was published, and the next start resumes from the last checkpoint
+  and learns the rest again, identically (``docs/privacy.md``, *The engine: one release per
+  step*).
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["STOP_GRACE_SECONDS", "Abandoned", "StopRequest"]
+__all__ = ["SIGNAL_GRACE_SECONDS", "STOP_GRACE_SECONDS", "Abandoned", "StopRequest"]
 
-#: Seconds a stop request has to end the run gracefully.
-STOP_GRACE_SECONDS = 3.0
+#: Seconds a stop request waits for a publication in progress before leaving it to the next
+#: start (the checkpoint holds it).
+STOP_GRACE_SECONDS = 10.0
+#: Seconds a signal's stop request has to end the run gracefully, before it is stopped where
+#: it is (``stream-dp run`` then exits within about as long).
+SIGNAL_GRACE_SECONDS = 3.0
 
 
 class Abandoned(BaseException):
@@ -34,22 +42,19 @@ class Abandoned(BaseException):
 class StopRequest:
     """Whether, and since when, a run was asked to stop; the signal handlers that ask.
 
-    Parameters
-    ----------
-    grace : float, default STOP_GRACE_SECONDS
-
     Examples
     --------
-    >>> stop = StopRequest(grace=5.0)
+    >>> stop = StopRequest()
     >>> stop.requested, stop.overdue()
     (False, False)
-    >>> stop.request()
+    >>> stop.request(grace=5.0)
     >>> stop.requested, stop.overdue(), stop.overdue(time.monotonic() + 5.0)
     (True, False, True)
     """
 
-    def __init__(self, grace: float = STOP_GRACE_SECONDS) -> None:
-        self.grace = grace
+    def __init__(self) -> None:
+        #: Seconds the first request (or a later, more pressing one) grants.
+        self.grace = STOP_GRACE_SECONDS
         self.event = threading.Event()
         #: ``time.monotonic()`` of the first request (None: none yet).
         self.since: float | None = None
@@ -62,11 +67,14 @@ class StopRequest:
     def requested(self) -> bool:
         return self.event.is_set()
 
-    def request(self) -> None:
-        """Ask the run to stop (thread-safe, idempotent)."""
+    def request(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """Ask the run to stop within about ``grace`` seconds (thread-safe; a later request
+        may only shorten the wait)."""
         with self._lock:
             if self.since is None:
-                self.since = time.monotonic()
+                self.since, self.grace = time.monotonic(), grace
+            else:
+                self.grace = min(self.grace, grace)
         self.event.set()
 
     def overdue(self, now: float | None = None) -> bool:
@@ -102,10 +110,11 @@ class StopRequest:
     def _on_signal(self, signum: int, frame: Any) -> None:
         if not self._armed:
             return
-        if self.requested:
+        if self._timer is not None:
             raise Abandoned()
-        self.request()
-        timer = threading.Timer(self.grace, self._fire, args=(signum,))
+        self.request(SIGNAL_GRACE_SECONDS)
+        left = max(0.0, self.since + self.grace - time.monotonic())
+        timer = threading.Timer(left, self._fire, args=(signum,))
         timer.daemon = True
         self._timer = timer
         timer.start()
