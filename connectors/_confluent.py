@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from ._retry import bounded_call
-from .transport import Client, librdkafka_log_level
+from .transport import Client
 
 __all__ = ["ConfluentClient", "kafka_error"]
 
@@ -876,3 +876,28 @@ class ConfluentAdmin:
 
     def close(self) -> None:
         self._a.poll(0)
+
+
+def librdkafka_log_level(logger: logging.Logger) -> int:
+    """librdkafka's ``log_level`` (syslog severity) for what ``logger`` lets through.
+
+    librdkafka formats no line that would be dropped anyway: the level of the ``kafka`` logger
+    governs both clients.
+
+    Examples
+    --------
+    >>> quiet = logging.getLogger("kafka.librdkafka.example")
+    >>> quiet.setLevel(logging.WARNING)
+    >>> librdkafka_log_level(quiet)
+    4
+    """
+    level = logger.getEffectiveLevel()
+    if level <= logging.DEBUG:
+        return 7
+    if level <= logging.INFO:
+        return 6
+    if level <= logging.WARNING:
+        return 4
+    if level <= logging.ERROR:
+        return 3
+    return 2

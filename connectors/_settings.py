@@ -41,7 +41,7 @@ def client_settings(
 
     Examples
     --------
-    >>> from connectors.transport import client
+    >>> from connectors.clients import client
     >>> kp = client("kafka-python")
     >>> client_settings(kp, "KafkaProducer", "X", frozenset({"acks"}), {"linger_ms": 5}, {})
     {'linger_ms': 5}

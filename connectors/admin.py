@@ -15,8 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import transport
-from .transport import DEFAULT_CLIENT, Client, TopicAdmin
+from . import clients
+from .clients import DEFAULT_CLIENT
+from .transport import Client, TopicAdmin
 
 __all__ = [
     "KafkaProblem",
@@ -112,7 +113,7 @@ def connect(
     ...     print(err)  # doctest: +ELLIPSIS
     cannot reach Kafka at 127.0.0.1:1 (source.bootstrap_servers): ...: Connection refused; ...
     """
-    kafka = transport.client(client)
+    kafka = clients.client(client)
     servers = _servers(bootstrap_servers)
     if not servers:
         raise KafkaProblem(f"{what} is empty")
@@ -234,7 +235,7 @@ def latest_with_key(
     """
     from kafka import TopicPartition
 
-    consumer = transport.client(client).consumer(
+    consumer = clients.client(client).consumer(
         bootstrap_servers=bootstrap_servers,
         enable_auto_commit=False,
         isolation_level="read_committed",

@@ -28,7 +28,7 @@ class PartitionSource:
     ----------
     consumer : connectors.transport.Consumer
         Subscribed to ``topic`` in ``group_id``; this partition is assigned to it. Either
-        client's (a ``kafka.KafkaConsumer``, or ``connectors.transport.client(name).consumer``).
+        client's (a ``kafka.KafkaConsumer``, or ``connectors.clients.client(name).consumer``).
     topic : str
     partition : int
     group_id : str

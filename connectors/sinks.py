@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from . import transport
+from . import clients
 from ._retry import Backoff, is_retriable
 from ._settings import client_settings
+from .clients import DEFAULT_CLIENT
 from .schema import DeadLetter, RecordError, ReleaseMessage
-from .transport import DEFAULT_CLIENT, Client
+from .transport import Client
 
 __all__ = [
     "CallbackSink",
@@ -316,7 +317,7 @@ class KafkaSink:
     ) -> None:
         if not topic:
             raise ValueError("topic is required")
-        self.client = transport.client(client)
+        self.client = clients.client(client)
         extra = client_settings(
             self.client, "KafkaProducer", "KafkaSink", _PRODUCER_FIXED, producer_config, security
         )

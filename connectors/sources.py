@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from . import transport
+from . import clients
 from ._retry import Backoff, is_retriable
 from ._settings import client_settings
-from .transport import DEFAULT_CLIENT, Client, GroupOffsets
+from .clients import DEFAULT_CLIENT
+from .transport import Client, GroupOffsets
 
 __all__ = [
     "CsvSource",
@@ -587,7 +588,7 @@ class KafkaSource:
             raise ValueError(f"invalid topic name {topic!r}")
         if not group_id:
             raise ValueError("group_id is required (offsets are committed under it)")
-        self.client = transport.client(client)
+        self.client = clients.client(client)
         extra = client_settings(
             self.client, "KafkaConsumer", "KafkaSource", _CONSUMER_FIXED, consumer_config, security
         )

@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import transport
+from . import clients
 from ._retry import Backoff, bounded_call
 from ._settings import client_settings
-from .transport import DEFAULT_CLIENT, Client
+from .clients import DEFAULT_CLIENT
+from .transport import Client
 
 __all__ = ["FENCING_ERRORS", "GROUP_FENCING_ERRORS", "ProducerFenced", "TransactionalPublisher"]
 
@@ -121,7 +122,7 @@ class TransactionalPublisher:
     ) -> None:
         if not transactional_id:
             raise ValueError("transactional_id is required")
-        self.client = transport.client(client)
+        self.client = clients.client(client)
         extra = client_settings(
             self.client,
             "KafkaProducer",

@@ -3,7 +3,7 @@
 Every connector that talks to Kafka (:class:`~connectors.sources.KafkaSource`,
 :class:`~connectors.partition.PartitionSource`, :class:`~connectors.sinks.KafkaSink`,
 :class:`~connectors.transactions.TransactionalPublisher`, :mod:`connectors.admin`) reaches the
-broker through a :class:`Client` chosen by name:
+broker through a :class:`Client`, chosen by name with :func:`connectors.clients.client`:
 
 * ``"kafka-python"`` (the default) -- pure Python, a core dependency. Its consumer and producer
   *are* the interface: the connectors call them exactly as they always did.
@@ -21,37 +21,22 @@ the connectors, and hold on both clients.
 Both clients log through the ``kafka`` logger hierarchy (librdkafka's lines as
 ``kafka.librdkafka``), so one setting quiets either.
 
-Examples
---------
->>> client("kafka-python").name
-'kafka-python'
->>> client("librdkafka")
-Traceback (most recent call last):
-...
-ValueError: unknown Kafka client 'librdkafka': choose one of 'kafka-python', 'confluent-kafka'
+This module is the interface alone: it imports neither implementation, and
+:mod:`connectors.clients` (the factory) imports both.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
-    "CLIENTS",
-    "DEFAULT_CLIENT",
     "Client",
     "Consumer",
     "GroupOffsets",
     "Producer",
     "TopicAdmin",
-    "client",
-    "librdkafka_log_level",
 ]
-
-#: The clients by name, the default first.
-CLIENTS = ("kafka-python", "confluent-kafka")
-DEFAULT_CLIENT = CLIENTS[0]
 
 
 class GroupOffsets(dict):
@@ -180,68 +165,3 @@ class Client:
     def admin(self, **config: Any) -> TopicAdmin:
         """A connected admin client; raises if no Kafka session comes up in time."""
         raise NotImplementedError
-
-
-_CLIENTS: dict[str, Client] = {}
-
-
-def client(name: str | Client = DEFAULT_CLIENT) -> Client:
-    """The :class:`Client` named ``name`` (a :class:`Client` is returned as it is).
-
-    Raises
-    ------
-    ValueError
-        An unknown name.
-    ImportError
-        ``"confluent-kafka"`` without the ``confluent-kafka`` package (the ``confluent``
-        extra).
-    """
-    if isinstance(name, Client):
-        return name
-    if name not in CLIENTS:
-        raise ValueError(
-            f"unknown Kafka client {name!r}: choose one of {', '.join(repr(c) for c in CLIENTS)}"
-        )
-    if name not in _CLIENTS:
-        if name == "kafka-python":
-            from ._kafka_python import KafkaPythonClient
-
-            _CLIENTS[name] = KafkaPythonClient()
-        else:
-            try:
-                import confluent_kafka  # noqa: F401 - its absence is the error here
-            except ImportError as err:
-                raise ImportError(
-                    "the confluent-kafka client needs the confluent-kafka package "
-                    "(pip install 'stream-dp[confluent]')",
-                    name="confluent_kafka",
-                ) from err
-            from ._confluent import ConfluentClient
-
-            _CLIENTS[name] = ConfluentClient()
-    return _CLIENTS[name]
-
-
-def librdkafka_log_level(logger: logging.Logger) -> int:
-    """librdkafka's ``log_level`` (syslog severity) for what ``logger`` lets through.
-
-    librdkafka formats no line that would be dropped anyway: the level of the ``kafka`` logger
-    governs both clients.
-
-    Examples
-    --------
-    >>> quiet = logging.getLogger("kafka.librdkafka.example")
-    >>> quiet.setLevel(logging.WARNING)
-    >>> librdkafka_log_level(quiet)
-    4
-    """
-    level = logger.getEffectiveLevel()
-    if level <= logging.DEBUG:
-        return 7
-    if level <= logging.INFO:
-        return 6
-    if level <= logging.WARNING:
-        return 4
-    if level <= logging.ERROR:
-        return 3
-    return 2

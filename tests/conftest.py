@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import stream_dp
-from connectors.transport import CLIENTS, client
+from connectors.clients import CLIENTS, client
 
 __all__ = ["kafka_client", "pima", "pima_split", "stream_factory", "quiet_exhaustion"]
 

@@ -633,7 +633,7 @@ def test_librdkafka_settings_mean_what_kafka_python_ones_do() -> None:
 
 
 def test_unknown_client_is_refused() -> None:
-    from connectors.transport import client
+    from connectors.clients import client
 
     with pytest.raises(ValueError, match="unknown Kafka client 'rdkafka'"):
         KafkaSource("t", "127.0.0.1:1", "g", client="rdkafka")

@@ -436,7 +436,7 @@ def test_group_rebalance_and_a_stale_generation_is_fenced(
     from kafka.errors import NoOffsetForPartitionError
 
     from connectors.partition import PartitionSource
-    from connectors.transport import client
+    from connectors.clients import client
 
     bootstrap = kafka_broker.bootstrap
     topic, group, out = unique_name("t"), unique_name("g"), unique_name("out")
