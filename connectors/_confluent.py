@@ -225,11 +225,20 @@ def kafka_error(err: Any, *args: Any) -> BaseException:
 
 
 def _raise(exc: BaseException, fatal: _ErrorLog | None = None) -> BaseException:
-    """The connectors' error for a ``KafkaException`` (or the exception itself)."""
+    """The connectors' error for a ``KafkaException`` (or the exception itself).
+
+    A fatal error inside ``flush`` reaches Python as a ``SystemError`` (the binding calls the
+    delivery callbacks of the purged messages with the ``KafkaException`` already pending), so
+    the ``KafkaException`` is looked for down the exception's chain.
+    """
     from confluent_kafka import KafkaError, KafkaException
 
-    if not isinstance(exc, KafkaException) or not exc.args:
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, KafkaException):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None or not cause.args:
         return exc
+    exc = cause
     err = exc.args[0]
     if not isinstance(err, KafkaError):
         return exc
@@ -563,24 +572,32 @@ class ConfluentConsumer:
 
 
 class _Delivery:
-    """A sent message's outcome, kafka-python's future in the parts the connectors read."""
+    """A sent message's outcome, kafka-python's future in the parts the connectors read.
 
-    __slots__ = ("exception", "is_done")
+    The callback only stores librdkafka's error: it can run while the binding already holds a
+    pending exception (a fatal error inside ``flush``), when any call on the error object fails;
+    the error is translated when it is read.
+    """
+
+    __slots__ = ("_err", "is_done")
 
     def __init__(self) -> None:
         self.is_done = False
-        self.exception: BaseException | None = None
+        self._err: Any = None
 
     def __call__(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.exception = kafka_error(err)
+        self._err = err
         self.is_done = True
 
+    @property
+    def exception(self) -> BaseException | None:
+        return None if self._err is None else kafka_error(self._err)
+
     def succeeded(self) -> bool:
-        return self.is_done and self.exception is None
+        return self.is_done and self._err is None
 
     def failed(self) -> bool:
-        return self.is_done and self.exception is not None
+        return self.is_done and self._err is not None
 
 
 class _InFlight:
@@ -719,7 +736,10 @@ class ConfluentProducer:
     def flush(self, timeout: float | None = None) -> None:
         from kafka.errors import KafkaTimeoutError
 
-        left = self._p.flush(-1 if timeout is None else timeout)
+        try:
+            left = self._p.flush(-1 if timeout is None else timeout)
+        except Exception as exc:  # noqa: BLE001 - KafkaException, translated
+            raise _raise(exc, self._errors) from None
         if left:
             raise KafkaTimeoutError(f"{left} message(s) not delivered within {timeout} s")
 

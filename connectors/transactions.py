@@ -338,10 +338,15 @@ class TransactionalPublisher:
                 futures = [producer.send(t, value=v, key=k) for t, k, v in messages]
             if offsets:
                 producer.send_offsets_to_transaction(dict(offsets), group)
-            producer.commit_transaction()
-            for f in futures:  # commit succeeded, so each send did; a failure is a bug here
+            # Every send is settled before the commit: kafka-python fails a batch whose
+            # delivery timed out (a long outage) without making the transaction abortable, so
+            # a commit after it would commit the offsets without the records. A failed send
+            # ends the attempt uncommitted; the next producer's init_transactions aborts it.
+            producer.flush()
+            for f in futures:
                 if f.failed():
                     raise f.exception
+            producer.commit_transaction()
 
         self._retry(attempt, "Kafka transaction", on_retry, on_wait, already_committed)
 

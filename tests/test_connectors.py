@@ -897,6 +897,9 @@ class _FakeTransactionalProducer:
 
         return Done()
 
+    def flush(self, timeout: float | None = None) -> None:
+        pass
+
     def commit_transaction(self) -> None:
         from kafka.errors import KafkaConnectionError
 
@@ -953,6 +956,52 @@ def test_an_abandoned_attempt_that_finishes_late_does_not_break_the_next(
     assert live[0].committed == [[("releases", b"m", b"v1")]]
     pub.publish([("releases", b"m", b"v2")])
     assert live[0].committed[-1] == [("releases", b"m", b"v2")]
+    pub.close()
+
+
+def test_a_send_that_failed_is_never_committed(
+    monkeypatch: pytest.MonkeyPatch, kafka_client: str
+) -> None:
+    """A batch kafka-python failed (delivery timed out in an outage) leaves its transaction
+    committable; committing it would commit the offsets without the records. The attempt must
+    end uncommitted and the retry publish the whole batch."""
+    from kafka.errors import KafkaTimeoutError
+
+    from connectors.transactions import TransactionalPublisher
+
+    class Producer(_FakeTransactionalProducer):
+        def init_transactions(self) -> None:
+            pass
+
+        def send_offsets_to_transaction(self, offsets: dict, group_metadata: Any) -> None:
+            self.batch.append(("offsets", None, repr(sorted(offsets)).encode()))
+
+        def send(self, topic: str, value: bytes, key: bytes | None, partition=None) -> Any:
+            self.batch.append((topic, key, value))
+            lost = self.index == 0 and value == b"v2"
+
+            class Sent:
+                exception = KafkaTimeoutError("Expiring 1 record(s): delivery timed out")
+
+                def failed(self) -> bool:
+                    return lost
+
+            return Sent()
+
+        def commit_transaction(self) -> None:
+            self.committed.append(self.batch)
+
+    Producer.made = []
+    pub = TransactionalPublisher(
+        "127.0.0.1:1", "stream-dp.test", retry_backoff_max_s=0.01, client=kafka_client
+    )
+    monkeypatch.setattr(type(pub.client), "producer", lambda self, **config: Producer(**config))
+    retried: list[BaseException] = []
+    batch = [("releases", b"m", b"v1"), ("releases", b"m", b"v2")]
+    pub.publish(batch, {"in-0": 7}, "g", on_retry=retried.append)
+    assert Producer.made[0].committed == [], "the attempt with a lost send committed"
+    assert [type(e).__name__ for e in retried] == ["KafkaTimeoutError"]
+    assert [p.committed for p in Producer.made[1:]] == [[[*batch, ("offsets", None, b"['in-0']")]]]
     pub.close()
 
 

@@ -435,8 +435,8 @@ def test_group_rebalance_and_a_stale_generation_is_fenced(
     from kafka import ConsumerRebalanceListener
     from kafka.errors import NoOffsetForPartitionError
 
-    from connectors.partition import PartitionSource
     from connectors.clients import client
+    from connectors.partition import PartitionSource
 
     bootstrap = kafka_broker.bootstrap
     topic, group, out = unique_name("t"), unique_name("g"), unique_name("out")
