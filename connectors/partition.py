@@ -166,6 +166,11 @@ class PartitionSource:
 
     def lag(self, timeout_s: float | None = None) -> int | None:
         """Records of this partition on the broker not yet learned (None if unknown)."""
+        lags = self.lags(timeout_s)
+        return None if lags is None else lags[self.partition]
+
+    def lags(self, timeout_s: float | None = None) -> dict[int, int] | None:
+        """:meth:`lag` keyed by the partition, as :meth:`connectors.sources.KafkaSource.lags`."""
         if self.next is None:
             return None
         timeout_ms = self.request_timeout_ms if timeout_s is None else int(timeout_s * 1000)
@@ -174,7 +179,7 @@ class PartitionSource:
                 end = self.consumer.end_offsets([self.tp], timeout_ms=timeout_ms)[self.tp]
         except Exception:  # noqa: BLE001 - status only (and impossible inside a rebalance)
             return None
-        return max(int(end) - self.next, 0)
+        return {self.partition: max(int(end) - self.next, 0)}
 
     def close(self) -> None:
         """Nothing to close: the consumer belongs to the instance."""

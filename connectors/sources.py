@@ -1051,6 +1051,16 @@ class KafkaSource:
     def lag(self, timeout_s: float | None = None) -> int | None:
         """Records on the broker not yet consumed, summed over assigned partitions (for status).
 
+        The sum of :meth:`lags`; None when any partition's lag is unknown.
+        """
+        lags = self.lags(timeout_s)
+        return None if lags is None else sum(lags.values())
+
+    def lags(self, timeout_s: float | None = None) -> dict[int, int] | None:
+        """Records on the broker not yet consumed, per assigned partition: its end offset (the
+        high-water mark, or the last stable offset under ``read_committed``) minus the
+        position of the next record to learn.
+
         Asks the broker for end offsets (one short request, bounded by ``timeout_s``, default
         ``request_timeout_s``); returns None when the broker is unreachable (then
         :attr:`unreachable_since` is set) or nothing is assigned yet. Never raises.
@@ -1067,13 +1077,18 @@ class KafkaSource:
                 self.unreachable_since = time.time()
             return None
         self.unreachable_since = None
-        total = 0
+        out: dict[int, int] = {}
         for tp, end in ends.items():
             nxt = self._next.get((tp.topic, tp.partition))
             if nxt is None or end is None:
                 return None
-            total += max(int(end) - int(nxt), 0)
-        return total
+            out[tp.partition] = max(int(end) - int(nxt), 0)
+        return out
+
+    @property
+    def partitions_held(self) -> int:
+        """Partitions of the topic this source reads now (0 before the first poll)."""
+        return len(self._assigned)
 
     def close(self) -> None:
         """Close the consumer (nothing is committed implicitly). Idempotent."""

@@ -13,8 +13,9 @@ Exit codes:
 * 0 -- done (input ended, --max-records reached, or stopped by SIGTERM/Ctrl-C);
 * 1 -- unexpected error (the traceback only with --debug);
 * 2 -- invalid configuration: a field, no declared schema (``model.features``), model
-  settings, releases too large for the release sink, or (per-partition scale-out) no master
-  secret;
+  settings, releases too large for the release sink, (per-partition scale-out) no master
+  secret, or a metrics port (``[metrics] prometheus_port``) without the ``metrics`` extra or
+  that cannot be bound;
 * 3 -- refused because of the model's state: the state directory is in use by another engine,
   the checkpoint is missing, damaged, older than what was published or of another run, or
   another run of the model has published;
@@ -33,7 +34,14 @@ import logging
 import sys
 from collections.abc import Callable
 
-__all__ = ["add_arguments", "configure_logging", "dry_run", "main", "one_line_errors"]
+__all__ = [
+    "add_arguments",
+    "configure_logging",
+    "dry_run",
+    "main",
+    "one_line_errors",
+    "with_metrics_port",
+]
 
 log = logging.getLogger("stream_dp.engine")
 
@@ -72,9 +80,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per-partition scale-out: this instance's name, inserted in its status file name "
         "(status.<name>.json) so instances on one machine do not share one",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus /metrics on this port (0: an ephemeral one, logged), overriding "
+        "[metrics] prometheus_port: per-partition instances on one machine need one port each "
+        '(needs the metrics extra: pip install "stream-dp[metrics]"; default: the config\'s, '
+        "none if it has none)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     add_common_arguments(parser)
     parser.set_defaults(func=main)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0 to 65535)")
+    return port
+
+
+def with_metrics_port(config, port: int | None):
+    """``config`` with ``[metrics] prometheus_port`` replaced by ``port`` (unless None), after
+    checking that the endpoint it asks for can be served (the ``metrics`` extra)."""
+    from stream_dp.engine.prometheus import require_client
+
+    if port is not None:
+        metrics = config.metrics.model_copy(update={"prometheus_port": port})
+        config = config.model_copy(update={"metrics": metrics})
+    if config.metrics.prometheus_port is not None:
+        require_client()
+    return config
 
 
 class _KafkaChatter(logging.Filter):
@@ -174,6 +215,9 @@ def dry_run(config) -> str:
     ]
     if config.scale.mode == "per-partition":
         lines += ["", *_scale_plan(config, learner.budget.limit)]
+    metrics = config.metrics
+    if metrics.prometheus_port is not None:
+        lines += ["", f"metrics: /metrics on {metrics.host}:{metrics.prometheus_port}"]
     return "\n".join(lines)
 
 
@@ -227,11 +271,13 @@ def _codes() -> dict[type[BaseException], int]:
     from stream_dp.engine.errors import EngineError
     from stream_dp.engine.master_secret import MasterSecretError
     from stream_dp.engine.preflight import ReleaseTooLarge
+    from stream_dp.engine.prometheus import MetricsUnavailable
     from stream_dp.privacy.accountant import JournalError
 
     return {
         ConfigError: 2,
         MasterSecretError: 2,
+        MetricsUnavailable: 2,
         ReleaseTooLarge: 2,
         EngineError: 3,  # refined by exit_code below
         CheckpointError: 3,
@@ -285,7 +331,7 @@ def main(args: argparse.Namespace) -> int:
         from stream_dp.engine.preflight import ReleaseTooLarge
         from stream_dp.engine.runner import Engine
 
-        config = load_config(args.config)
+        config = with_metrics_port(load_config(args.config), getattr(args, "metrics_port", None))
         if config.scale.mode == "per-partition" and not args.dry_run:
             return _run_scaleout(config, args)
         try:

@@ -67,6 +67,7 @@ __all__ = [
     "ConfigError",
     "EngineConfig",
     "KafkaConfig",
+    "MetricsConfig",
     "ModelConfig",
     "ScaleConfig",
     "check_model",
@@ -224,6 +225,29 @@ class KafkaConfig(_Strict):
     )
 
 
+class MetricsConfig(_Strict):
+    """The Prometheus endpoint (``docs/operations.md``, *Prometheus metrics*; the ``metrics``
+    extra). Off unless ``prometheus_port`` is set.
+
+    In per-partition scale-out the instance serves one endpoint for all its partition
+    learners; instances on one machine need one port each (``stream-dp run --metrics-port``).
+    """
+
+    prometheus_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve /metrics on this TCP port (0: an ephemeral port, logged). Default: "
+        "no endpoint. `stream-dp run --metrics-port` overrides it for one instance.",
+    )
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description='Address to bind: "0.0.0.0" serves every interface (a scraper in another '
+        "container or on another machine). The endpoint has no authentication.",
+    )
+
+
 class ScaleConfig(_Strict):
     """Scale-out on a Kafka consumer group (``docs/privacy.md``, "Scale-out").
 
@@ -272,6 +296,7 @@ class EngineConfig(_Strict):
     status: StatusConfig = Field(default_factory=StatusConfig)
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     max_message_bytes: int = Field(1_000_000, ge=1)
 
     @model_validator(mode="before")

@@ -94,6 +94,9 @@ class LearnerSnapshot:
         Records rejected, by reason (``budget_exhausted`` included), as sorted pairs.
     consumer_lag
         Records on the broker not yet learned (None: not measured).
+    consumer_lags
+        The same per input partition: its end offset minus the learner's position, as sorted
+        ``(partition, lag)`` pairs (empty: not measured).
     epsilon_spent, epsilon_budget, delta, rho_spent, rho_budget
         The ledger's guarantee so far and the budget.
     exhausted
@@ -132,6 +135,7 @@ class LearnerSnapshot:
     pending_messages: int
     idle: bool
     dp_metrics: DPOperatorMetrics | None = None
+    consumer_lags: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_status(
@@ -140,7 +144,8 @@ class LearnerSnapshot:
         """The snapshot of an engine's status (:meth:`Engine.status`): the named fields only.
 
         A field the status lacks raises ``KeyError`` (the status and the snapshot must not
-        drift apart silently), except ``commit_cycle``, which is optional.
+        drift apart silently), except ``commit_cycle`` and ``consumer_lag_by_partition``,
+        which are optional.
 
         Examples
         --------
@@ -150,10 +155,13 @@ class LearnerSnapshot:
         ...     "epsilon_spent": 0.31, "epsilon_budget": 1.0, "delta": 1e-05, "rho_spent": 0.002,
         ...     "rho_budget": 0.01, "exhausted": False, "commit_cycle": 3,
         ...     "last_published_at": None, "pending_messages": 17, "idle_since": None,
-        ...     "dp_metrics": {}, "average_penalty": 0.6931}
+        ...     "dp_metrics": {}, "average_penalty": 0.6931,
+        ...     "consumer_lag_by_partition": {"3": 40}}
         >>> s = LearnerSnapshot.from_status(status, partition=3)
         >>> s.learner_id, s.partition, s.dead_letters, s.consumer_lag, s.dp_metrics
         ('bank/p3', 3, (('invalid_json', 5),), 40, None)
+        >>> s.consumer_lags
+        ((3, 40),)
         >>> hasattr(s, "average_penalty")  # a raw statistic in the status is not copied
         False
 
@@ -163,6 +171,7 @@ class LearnerSnapshot:
             return None if value is None else kind(value)
 
         reasons = status["dead_letter_reasons"]
+        lags = status.get("consumer_lag_by_partition") or {}
         return cls(
             learner_id=str(status["model_id"]),
             partition=None if partition is None else int(partition),
@@ -186,6 +195,7 @@ class LearnerSnapshot:
             pending_messages=int(status["pending_messages"]),
             idle=status["idle_since"] is not None,
             dp_metrics=DPOperatorMetrics.from_release(status["dp_metrics"]),
+            consumer_lags=tuple(sorted((int(k), int(n)) for k, n in lags.items())),
         )
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "MetricSpec",
     "MetricsServer",
     "MetricsUnavailable",
+    "metrics_server",
     "render",
     "require_client",
 ]
@@ -110,6 +111,17 @@ def _dead_letters(snap: EngineSnapshot) -> Iterator[Sample]:
             yield (snap.model_id, _partition(learner), reason), float(count)
 
 
+def _consumer_lag(snap: EngineSnapshot) -> Iterator[Sample]:
+    # Labelled by the input partition: the single engine has one series per partition it
+    # reads; a partition learner's input partition is its own.
+    for learner in snap.learners:
+        if learner.consumer_lags:
+            for partition, lag in learner.consumer_lags:
+                yield (snap.model_id, str(partition)), float(lag)
+        elif learner.consumer_lag is not None:
+            yield (snap.model_id, _partition(learner)), float(learner.consumer_lag)
+
+
 def _learner_info(snap: EngineSnapshot) -> Iterator[Sample]:
     for s in snap.learners:
         private = "true" if s.private else "false"
@@ -144,8 +156,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Records skipped because their offsets left the log (retention).",
                _learner(lambda s: s.skipped_records)),
     MetricSpec("stream_dp_consumer_lag", "gauge", LEARNER,
-               "Records on the broker not yet learned (absent when not measured).",
-               _learner(lambda s: s.consumer_lag)),
+               "Records on the input partition not yet learned: its end offset minus the "
+               "learner's position (absent when not measured).", _consumer_lag),
     MetricSpec("stream_dp_step", "gauge", LEARNER, "The learner's step t.",
                _learner(lambda s: s.step)),
     MetricSpec("stream_dp_releases", "counter", LEARNER, "Private releases made.",
@@ -261,6 +273,29 @@ def render(snapshot: EngineSnapshot) -> str:
     return require_client().generate_latest(_registry(_SnapshotCollector(snapshot))).decode()
 
 
+def metrics_server(config: Any) -> MetricsServer | None:
+    """The endpoint an engine config asks for (``[metrics]``), not yet bound; None without a
+    ``prometheus_port``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> config = NS(model=NS(model_id="bank"), scale=NS(mode="single"),
+    ...             metrics=NS(prometheus_port=0, host="127.0.0.1"))
+    >>> metrics_server(config).port
+    0
+    >>> metrics_server(NS(**{**vars(config), "metrics": NS(prometheus_port=None)})) is None
+    True
+
+    """
+    m = config.metrics
+    if m.prometheus_port is None:
+        return None
+    return MetricsServer(
+        config.model.model_id, port=m.prometheus_port, host=m.host, mode=config.scale.mode
+    )
+
+
 class MetricsServer:
     """Serves ``/metrics`` over HTTP, in a daemon thread, from the latest snapshot.
 
@@ -275,8 +310,8 @@ class MetricsServer:
     port
         TCP port; 0 binds an ephemeral one (see :attr:`port`).
     host
-        Address to bind; ``"0.0.0.0"`` (the default) serves every interface, as a scraper in
-        another container or pod needs.
+        Address to bind: ``"127.0.0.1"`` (the default) this machine only; ``"0.0.0.0"`` every
+        interface, as a scraper in another container or pod needs.
     mode
         The config's ``scale.mode``, for the snapshot served before the first update.
 
@@ -296,7 +331,7 @@ class MetricsServer:
         model_id: str,
         *,
         port: int,
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
         mode: Literal["single", "per-partition"] = "single",
     ) -> None:
         if not (isinstance(port, int) and 0 <= port <= 65535):
@@ -329,7 +364,9 @@ class MetricsServer:
             )
         except OSError as err:
             raise MetricsUnavailable(
-                f"cannot serve metrics on {self.host}:{self._requested_port}: {err.strerror or err}"
+                f"cannot serve metrics on {self.host}:{self._requested_port}: "
+                f"{err.strerror or err} (instances on one machine need one port each: "
+                "[metrics] prometheus_port or stream-dp run --metrics-port)"
             ) from None
         return self
 

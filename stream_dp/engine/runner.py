@@ -25,7 +25,9 @@ part                   does                                                modul
 ``outputs``            sinks, the transactional publisher, the             :mod:`~.outputs`
                        publication record
 ``cycle``              the commit cycle: checkpoint, then publish          :mod:`~.commit`
-``reporter``           ``status.json`` and the log's status line           :mod:`~.status`
+``reporter``           ``status.json``, the log's status line and the      :mod:`~.status`
+                       metrics endpoint's snapshot
+``metrics``            ``/metrics`` (with ``[metrics] prometheus_port``)   :mod:`~.prometheus`
 ``outage``             broker outages: logged once, deadline               :mod:`~.outage`
 ``stopping``           stop requests (signals), their grace                :mod:`~.stopping`
 :class:`Startup`       resume, start new, or refuse (once per run)         :mod:`~.startup`
@@ -51,6 +53,7 @@ from stream_dp.engine.errors import EngineError, Interrupted, KafkaUnavailable, 
 from stream_dp.engine.learning import Handled, Learning, Outcome
 from stream_dp.engine.outage import OutageWatch
 from stream_dp.engine.outputs import DEAD_LETTERS, RELEASES, Outputs
+from stream_dp.engine.prometheus import MetricsServer, metrics_server
 from stream_dp.engine.startup import Startup
 from stream_dp.engine.state import StateDir, StateLocked
 from stream_dp.engine.status import EngineStats, StatusReporter, StatusWriter
@@ -118,7 +121,9 @@ class Engine:
         self.learner = self.learning.learner
         self.state = StateDir(config.checkpoint.path)
         self.stats = EngineStats()
-        self.reporter = StatusReporter(config, self.learner, self.stats)
+        #: The Prometheus endpoint, served by :meth:`run` (None without a configured port).
+        self.metrics: MetricsServer | None = metrics_server(config)
+        self.reporter = StatusReporter(config, self.learner, self.stats, metrics=self.metrics)
         self.outage = OutageWatch(config.kafka.outage_deadline_seconds)
         self._source = source
         self._given_sinks = {RELEASES: releases, DEAD_LETTERS: dead_letters}
@@ -244,13 +249,23 @@ class Engine:
 
         In the main thread, SIGTERM and SIGINT (Ctrl-C) stop the run: gracefully, or where it
         is once :data:`~stream_dp.engine.stopping.SIGNAL_GRACE_SECONDS` have passed
-        (:mod:`stream_dp.engine.stopping`).
+        (:mod:`stream_dp.engine.stopping`). With ``[metrics] prometheus_port`` it serves
+        ``/metrics`` from before its start-up (``stream_dp_up 0``) until it returns;
+        :class:`~stream_dp.engine.prometheus.MetricsUnavailable` if it cannot.
         """
-        self._acquire()
+        self._serve_metrics()
+        try:
+            self._acquire()
+        except BaseException:
+            self._stop_metrics()
+            raise
         self.stopping.install()
         try:
             try:
                 self._start()
+                # Up from the end of start-up, not from the first status report. The private
+                # metrics are left to that report: releasing them charges their mechanism.
+                self.reporter.publish(self.status(dp=False), up=True)
                 self._loop()
                 self.finish()
             finally:
@@ -268,6 +283,15 @@ class Engine:
             self.stopping.restore()
             self.close()
         return self.stats
+
+    def _serve_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.start()
+            log.info("serving metrics on %s", self.metrics.url)
+
+    def _stop_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
 
     def _acquire(self) -> None:
         try:
@@ -357,10 +381,15 @@ class Engine:
             self.commit()
         except Interrupted:
             self._report_interrupted()
-        self._report_status(time.monotonic())
+        self._report_status(time.monotonic(), up=False)
 
     def close(self) -> None:
-        """Close the ledger, outputs and source and unlock the state directory; never raises."""
+        """Close the ledger, outputs and source, stop serving metrics and unlock the state
+        directory; never raises."""
+        try:
+            self._stop_metrics()
+        except Exception:  # noqa: BLE001 - closing must not mask the real error
+            log.exception("error while closing the metrics endpoint")
         try:
             self.learner.accountant.storage.close()  # flushes and unlocks a journal
         except Exception:  # noqa: BLE001 - closing must not mask the real error
@@ -421,16 +450,20 @@ class Engine:
             self.outage.check()
 
     # -- status ----------------------------------------------------------------------------
-    def status(self, now: float | None = None, *, probe: bool = True) -> dict:
-        """Operator status: counters, budget, lag, idleness, outages (no raw statistics)."""
+    def status(self, now: float | None = None, *, probe: bool = True, dp: bool = True) -> dict:
+        """Operator status: counters, budget, lag, idleness, outages (no raw statistics).
+
+        ``dp=False`` leaves out the private operator metrics (see :meth:`StatusReporter.status`).
+        """
         return self.reporter.status(
             now,
             probe=probe,
+            dp=dp,
             source=self._source,
             cycle=self.cycle,
             idle_since=self._idle_since,
             unreachable_since=self.outage.since(),
         )
 
-    def _report_status(self, now: float, *, probe: bool = True) -> None:
-        self.reporter.report(self.status(now, probe=probe), now)
+    def _report_status(self, now: float, *, probe: bool = True, up: bool = True) -> None:
+        self.reporter.report(self.status(now, probe=probe), now, up=up)

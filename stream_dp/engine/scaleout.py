@@ -48,6 +48,8 @@ from connectors._retry import Backoff
 from stream_dp.engine.config import EngineConfig
 from stream_dp.engine.errors import StateError
 from stream_dp.engine.master_secret import partition_secret
+from stream_dp.engine.metrics_snapshot import EngineSnapshot, LearnerSnapshot
+from stream_dp.engine.prometheus import MetricsServer, metrics_server
 from stream_dp.engine.runner import Engine
 from stream_dp.engine.state import StateLocked
 from stream_dp.engine.status import StatusWriter
@@ -59,7 +61,8 @@ log = logging.getLogger("stream_dp.engine")
 
 
 def partition_config(config: EngineConfig, partition: int) -> EngineConfig:
-    """The config of partition ``partition``'s learner: its model id, state directory, no status.
+    """The config of partition ``partition``'s learner: its model id, state directory, no
+    status and no metrics endpoint (the instance serves one for all its learners).
 
     Examples
     --------
@@ -73,6 +76,8 @@ def partition_config(config: EngineConfig, partition: int) -> EngineConfig:
     >>> p = partition_config(cfg, 3)
     >>> p.model.model_id, p.checkpoint.path, p.transactional_id
     ('bank/p3', 'state/p3/model.ckpt', 'stream-dp.bank/p3')
+    >>> p.metrics.prometheus_port is None
+    True
     """
     ckpt = Path(config.checkpoint.path)
     return config.model_copy(
@@ -84,6 +89,7 @@ def partition_config(config: EngineConfig, partition: int) -> EngineConfig:
                 update={"path": str(ckpt.parent / f"p{partition}" / ckpt.name)}
             ),
             "status": config.status.model_copy(update={"file": None, "operator_raw_metrics": None}),
+            "metrics": config.metrics.model_copy(update={"prometheus_port": None}),
         }
     )
 
@@ -133,6 +139,10 @@ class ScaleOut:
     instance : str, optional
         Name of this instance: its status file is ``<status stem>.<instance><suffix>``.
 
+    With ``[metrics] prometheus_port`` the instance serves ``/metrics`` for all the partition
+    learners it holds (:mod:`stream_dp.engine.prometheus`), from before it joins the group
+    until :meth:`run` returns; instances on one machine need one port each.
+
     Examples
     --------
     >>> ScaleOut(config, master_secret=load_master_secret(path, env)).run()  # doctest: +SKIP
@@ -173,6 +183,8 @@ class ScaleOut:
             status_file = str(path.with_name(f"{path.stem}.{instance}{path.suffix}"))
         self.status_writer = StatusWriter(status_file, None)
         self._status_clock = time.monotonic()
+        #: The Prometheus endpoint of this instance (None without a configured port).
+        self.metrics: MetricsServer | None = metrics_server(config)
 
     # -- partitions come and go ------------------------------------------------------------
     def _engine(self, partition: int) -> Engine:
@@ -360,13 +372,19 @@ class ScaleOut:
         In the main thread, SIGTERM and SIGINT stop it as they stop an
         :class:`~stream_dp.engine.runner.Engine` (:mod:`stream_dp.engine.stopping`).
         """
+        if self.metrics is not None:
+            self.metrics.start()
+            log.info("serving metrics on %s", self.metrics.url)
         self.stopping.install()
         try:
             try:
                 self._ensure_checkpoint_topic()
                 self._open_consumer()
+                self._publish_metrics({}, up=True)
                 self._loop()
-                final = self.status()
+                parts = self._statuses()
+                final = self._summary(parts)
+                self._publish_metrics(parts, up=False)
                 self._release_all()
             finally:
                 self.stopping.disarm()
@@ -378,6 +396,8 @@ class ScaleOut:
             return self.status()
         finally:
             self.stopping.restore()
+            if self.metrics is not None:
+                self.metrics.close()
             for engine in self.engines.values():
                 engine.close()
             self.engines.clear()
@@ -488,9 +508,15 @@ class ScaleOut:
     # -- status ------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """This instance's partition learners and what a person's guarantee is over them."""
+        return self._summary(self._statuses())
+
+    def _statuses(self) -> dict[int, dict[str, Any]]:
+        """Each held partition learner's status (lag not measured)."""
+        return {k: e.status(probe=False) for k, e in sorted(self.engines.items())}
+
+    def _summary(self, parts: dict[int, dict[str, Any]]) -> dict[str, Any]:
         from stream_dp.privacy.conversions import epsilon_from_rho
 
-        parts = {k: e.status(probe=False) for k, e in sorted(self.engines.items())}
         rho = {k: s["rho_spent"] for k, s in parts.items()}
         comp = composition(rho, self.config.scale.privacy_unit_key)
         delta = self.config.model.delta
@@ -499,7 +525,7 @@ class ScaleOut:
             "time": time.time(),
             "model_id": self.config.model.model_id,
             "mode": "per-partition",
-            "partitions": sorted(self.engines),
+            "partitions": sorted(parts),
             "records": self.records,
             "skipped_records": sum(e.source.skipped_records for e in self.engines.values()),
             "broker_unreachable_since": self.unreachable_since,
@@ -530,9 +556,53 @@ class ScaleOut:
             },
         }
 
+    def _lags(self) -> dict[int, int]:
+        """Each held partition's lag: its end offset minus its learner's position (one request
+        for all of them; partitions not measured are left out)."""
+        from kafka import TopicPartition
+
+        positions = {k: e.source.next for k, e in self.engines.items() if e.source.next is not None}
+        if not positions or self._consumer is None:
+            return {}
+        topic = self.config.source.topic
+        tps = [TopicPartition(topic, k) for k in positions]
+        try:
+            with self._consumer_lock:
+                ends = self._consumer.end_offsets(tps, timeout_ms=2000)
+        except Exception:  # noqa: BLE001 - status only: the broker may be away
+            return {}
+        return {
+            tp.partition: max(int(end) - positions[tp.partition], 0)
+            for tp, end in ends.items()
+            if end is not None
+        }
+
+    def _publish_metrics(self, parts: dict[int, dict[str, Any]], *, up: bool) -> None:
+        """Hand the metrics endpoint (if any) the snapshot of the learners' statuses."""
+        if self.metrics is None:
+            return
+        lags = self._lags() if parts else {}
+        learners = []
+        for k, status in parts.items():
+            lag = lags.get(k)
+            measured = {"consumer_lag": lag, "consumer_lag_by_partition": {k: lag}}
+            learners.append(LearnerSnapshot.from_status(
+                {**status, **(measured if lag is not None else {})}, partition=k))  # fmt: skip
+        self.metrics.update(
+            EngineSnapshot(
+                model_id=self.config.model.model_id,
+                up=up,
+                mode="per-partition",
+                learners=tuple(learners),
+                partitions_held=len(self.engines),
+                broker_unreachable=self.unreachable_since is not None,
+            )
+        )
+
     def _write_status(self) -> None:
         self._status_clock = time.monotonic()
-        s = self.status()
+        parts = self._statuses()
+        s = self._summary(parts)
         log.info("partitions=%s records=%d steps=%s %s ρ=%.4g", s["partitions"], s["records"],
                  {p: v["step"] for p, v in s["by_partition"].items()}, s["composition"],
                  s["rho"])  # fmt: skip
@@ -540,3 +610,4 @@ class ScaleOut:
             self.status_writer.write(s)
         except OSError as err:
             log.warning("cannot write status: %s", err)
+        self._publish_metrics(parts, up=True)

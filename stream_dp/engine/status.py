@@ -24,6 +24,7 @@ from typing import Any
 
 from stream_dp.checkpoint import write_private
 from stream_dp.engine.learning import Handled, Outcome
+from stream_dp.engine.metrics_snapshot import EngineSnapshot, LearnerSnapshot
 
 __all__ = [
     "EngineStats",
@@ -185,6 +186,9 @@ class StatusReporter:
         The engine's learner (its step, budget and private metrics).
     stats : EngineStats
     clock : callable, default time.monotonic
+    metrics : MetricsServer, optional
+        The Prometheus endpoint (:mod:`stream_dp.engine.prometheus`): every report hands it
+        the :meth:`snapshot` of the status it reports.
     """
 
     def __init__(
@@ -193,8 +197,10 @@ class StatusReporter:
         learner: Any,
         stats: EngineStats,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Any = None,
     ) -> None:
         self.config, self.learner, self.stats, self.clock = config, learner, stats, clock
+        self.metrics = metrics
         self.writer = StatusWriter(config.status.file, config.status.operator_raw_metrics)
         self.interval = config.status.interval_seconds
         self._at = clock()
@@ -213,11 +219,13 @@ class StatusReporter:
         cycle: Any = None,
         idle_since: float | None = None,
         unreachable_since: float | None = None,
+        dp: bool = True,
     ) -> dict:
         """Operator status: counters, budget, lag, idleness, outages (no raw statistics).
 
         ``source`` (its lag, asked only with ``probe``) and ``cycle`` (the commit cycle) are
-        the engine's once it has started.
+        the engine's once it has started. Without ``dp`` the learner's private metrics are
+        not released (``dp_metrics`` is ``{}``): the first release charges their mechanism.
         """
         now = self.clock() if now is None else now
         elapsed = max(now - self._at, 1e-9)
@@ -225,15 +233,7 @@ class StatusReporter:
         rate = (stats.records - self._records_at) / elapsed
         acc = learner.accountant
         eps, delta = acc.spent()
-        lag = None
-        lag_fn = getattr(source, "lag", None)
-        if probe and lag_fn is not None:
-            try:
-                lag = lag_fn(timeout_s=2.0)
-            except TypeError:
-                lag = lag_fn()
-            except Exception:  # noqa: BLE001 - status must never stop the engine
-                lag = None
+        lag, lags = self._lag(source) if probe else (None, None)
         published, published_at = (0, None) if cycle is None else cycle.last_published
         pending = 0 if cycle is None else len(cycle.outbox) + cycle.in_flight
         return {
@@ -251,18 +251,58 @@ class StatusReporter:
             "exhausted": learner.exhausted,
             "dead_letter_reasons": dict(stats.reasons),
             "consumer_lag": lag,
+            "consumer_lag_by_partition": lags,
+            "partitions_held": getattr(source, "partitions_held", None),
             "skipped_records": getattr(source, "skipped_records", 0),
             "idle_since": idle_since,
             "broker_unreachable_since": unreachable_since,
+            "commit_cycle": None if cycle is None else cycle.seq,
             "last_published_cycle": published,
             "last_published_at": published_at,
             "pending_messages": pending,
             **stats.to_dict(),
-            "dp_metrics": dp_operator_metrics(learner),
+            "dp_metrics": dp_operator_metrics(learner) if dp else {},
         }
 
-    def report(self, status: dict, now: float) -> None:
-        """Log ``status`` (from :meth:`status` at ``now``) in one line and write the files."""
+    @staticmethod
+    def _lag(source: Any) -> tuple[int | None, dict[str, int] | None]:
+        """The source's lag, in total and per input partition (None: not measured)."""
+        lags_fn, lag_fn = getattr(source, "lags", None), getattr(source, "lag", None)
+        try:
+            if lags_fn is not None:
+                lags = lags_fn(timeout_s=2.0)
+                if lags is None:
+                    return None, None
+                return sum(lags.values()), {str(k): int(v) for k, v in sorted(lags.items())}
+            if lag_fn is not None:
+                try:
+                    return lag_fn(timeout_s=2.0), None
+                except TypeError:
+                    return lag_fn(), None
+        except Exception:  # noqa: BLE001 - status must never stop the engine
+            pass
+        return None, None
+
+    def snapshot(self, status: dict, *, up: bool = True) -> EngineSnapshot:
+        """What the metrics endpoint serves of ``status`` (from :meth:`status`): the fields
+        :meth:`LearnerSnapshot.from_status` names, and nothing else."""
+        return EngineSnapshot(
+            model_id=status["model_id"],
+            up=up,
+            learners=(LearnerSnapshot.from_status(status),),
+            partitions_held=status["partitions_held"],
+            broker_unreachable=status["broker_unreachable_since"] is not None,
+            time=status["time"],
+        )
+
+    def publish(self, status: dict, *, up: bool = True) -> None:
+        """Hand the metrics endpoint (if any) the snapshot of ``status``."""
+        if self.metrics is not None:
+            self.metrics.update(self.snapshot(status, up=up))
+
+    def report(self, status: dict, now: float, *, up: bool = True) -> None:
+        """Log ``status`` (from :meth:`status` at ``now``) in one line, write the files and
+        serve it on the metrics endpoint (``up``: the engine is learning, not stopping)."""
         s = status
         log.info(
             "step=%d rec/s=%.0f ε=%.4g/%.4g dead=%d lag=%s releases=%d pending=%d%s%s",
@@ -282,5 +322,6 @@ class StatusReporter:
             self.writer.write(s, raw)
         except OSError as err:
             log.warning("cannot write status: %s", err)
+        self.publish(s, up=up)
         self._at = now
         self._records_at = self.stats.records
