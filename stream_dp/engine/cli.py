@@ -61,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate the config, print T1, the noise (σ) schedule, the budget plan and the "
-        "release size, and exit without touching Kafka",
+        help="validate the config, print T1, the noise (σ) schedule, the budget plan, the "
+        "release size and where /metrics is served, and exit without touching Kafka",
     )
     parser.add_argument(
         "--fresh",
