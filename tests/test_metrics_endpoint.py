@@ -202,3 +202,43 @@ def test_the_engine_serves_its_status_reports_over_http(tmp_path) -> None:
     assert last[("stream_dp_releases_total", learner)] == stats.releases > 0
     assert last[("stream_dp_commit_cycles_total", learner)] == engine.seq >= 1
     assert ("stream_dp_consumer_lag", learner) not in last, "a file has no lag"
+
+
+def test_serving_and_scraping_changes_no_release_and_no_charge(tmp_path) -> None:
+    """A reproducible run with private operator metrics, with the endpoint scraped at every
+    status report and without it: the same releases (but for their run id and wall-clock
+    time) and the same ledger."""
+    runs = {}
+    for name, metrics in (("plain", ""), ("served", "[metrics]\nprometheus_port = 0\n")):
+        home = tmp_path / name
+        home.mkdir()
+        _records(home, 150)
+        toml = _toml(home, metrics + "[status]\ninterval_seconds = 1e-9\n")
+        text = toml.read_text().replace(
+            'model_id = "m"\n',
+            'model_id = "m"\nseed = 3\nreproducible = true\nmetrics_share = 0.2\n'
+            "release_every = 5\nhorizon = 200\n",
+        )
+        toml.write_text(text)
+        engine = Engine(load_config(toml))
+        if engine.metrics is not None:
+            update = engine.metrics.update
+
+            def scrape_after(snapshot, engine=engine, update=update) -> None:
+                update(snapshot)
+                with urllib.request.urlopen(engine.metrics.url, timeout=TIMEOUT_S) as r:
+                    r.read()
+
+            engine.metrics.update = scrape_after
+        engine.run()
+        lines = (home / "out" / "rel.jsonl").read_text().splitlines()
+        runs[name] = (
+            [
+                {k: v for k, v in json.loads(line).items() if k not in ("time", "run_id")}
+                for line in lines
+            ],
+            engine.learner.accountant.ledger,
+            engine.learner.accountant.rho_spent(),
+        )
+    assert len(runs["plain"][0]) == 30
+    assert runs["served"] == runs["plain"]

@@ -263,9 +263,10 @@ class Engine:
         try:
             try:
                 self._start()
-                # Up from the end of start-up, not from the first status report. The private
-                # metrics are left to that report: releasing them charges their mechanism.
-                self.reporter.publish(self.status(dp=False), up=True)
+                if self.metrics is not None:
+                    # Up from the end of start-up, not from the first status report. The private
+                    # metrics are left to that report: releasing them charges their mechanism.
+                    self.reporter.publish(self.status(dp=False), up=True)
                 self._loop()
                 self.finish()
             finally:
