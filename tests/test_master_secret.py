@@ -21,6 +21,7 @@ from stream_dp.engine.master_secret import (
     _distinct_limit,
     _longest_run,
     _run_limit,
+    check_master_secret,
     checkpoint_key,
     load_master_secret,
     master_weakness,
@@ -52,6 +53,27 @@ def test_a_weak_master_is_refused_in_one_line_that_does_not_repeat_it(why, monke
     text = str(err.value)
     assert "\n" not in text and "refused as guessable" in text and "token_hex" in text
     assert digits not in text and digits[:8] not in text
+
+
+@pytest.mark.parametrize("why", list(WEAK))
+def test_a_weak_master_given_as_an_integer_is_refused_by_scaleout(why, tmp_path):
+    """``ScaleOut(master_secret=int)`` is checked as a loaded master is: an integer drops its
+    leading zeros, so it is judged as the zero-padded value it stands for."""
+    from stream_dp.engine.config import EngineConfig
+    from stream_dp.engine.scaleout import ScaleOut
+
+    digits = WEAK[why]
+    with pytest.raises(MasterSecretError, match="refused as guessable") as err:
+        ScaleOut(EngineConfig.model_validate(kafka_config(tmp_path)), master_secret=int(digits, 16))
+    assert "\n" not in str(err.value) and digits.lstrip("0") not in str(err.value)
+
+
+def test_random_masters_given_as_integers_pass():
+    rng = np.random.default_rng(7)
+    for nbytes in (16, 32):
+        for _ in range(2_000):
+            value = int.from_bytes(rng.bytes(nbytes), "big")
+            assert check_master_secret(value) == value
 
 
 def test_random_masters_pass():

@@ -38,6 +38,7 @@ from stream_dp.privacy.secrets import SECRET_BITS, derive_key, derive_secret
 __all__ = [
     "FALSE_ALARM",
     "MasterSecretError",
+    "check_master_secret",
     "checkpoint_key",
     "load_master_secret",
     "master_weakness",
@@ -190,6 +191,33 @@ def _parse(text: str, where: str) -> int:
             f"value shows with probability below {FALSE_ALARM:g}; {_GENERATE}"
         )
     return int(text, 16)
+
+
+def check_master_secret(master: int) -> int:
+    """``master`` itself, once it passes the checks :func:`load_master_secret` makes of a text.
+
+    For a master handed over as an integer (leading zero digits are lost in an integer, so it
+    is judged as the zero-padded value of at least 128 bits it stands for).
+
+    Raises
+    ------
+    MasterSecretError
+        Negative, longer than 256 bits, or weak (:func:`master_weakness`).
+
+    Examples
+    --------
+    >>> check_master_secret(0x3B0D8C4F1E97A26D5C08FE41B7A9362E) > 0
+    True
+    >>> check_master_secret(7)
+    Traceback (most recent call last):
+    ...
+    stream_dp.engine.master_secret.MasterSecretError: the master secret in the integer given is refused as guessable: ...
+    """  # noqa: E501 - doctest output
+    if not isinstance(master, int) or master < 0:
+        raise MasterSecretError("the master secret must be a non-negative integer")
+    digits = format(master, "x")
+    digits = digits.rjust(max(_MIN_HEX, len(digits) + len(digits) % 2), "0")
+    return _parse(digits, "the integer given")
 
 
 def load_master_secret(path: str | os.PathLike | None, env: str) -> int:

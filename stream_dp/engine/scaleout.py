@@ -47,7 +47,7 @@ from typing import Any
 from connectors._retry import Backoff
 from stream_dp.engine.config import EngineConfig
 from stream_dp.engine.errors import StateError
-from stream_dp.engine.master_secret import partition_secret
+from stream_dp.engine.master_secret import check_master_secret, partition_secret
 from stream_dp.engine.metrics_snapshot import EngineSnapshot, LearnerSnapshot
 from stream_dp.engine.prometheus import MetricsServer, metrics_server
 from stream_dp.engine.runner import Engine
@@ -131,7 +131,8 @@ class ScaleOut:
     config : EngineConfig
         With ``scale.mode = "per-partition"``.
     master_secret : int
-        The model's master secret (the same on every instance).
+        The model's master secret (the same on every instance); a weak one is refused
+        (:func:`~stream_dp.engine.master_secret.check_master_secret`).
     fresh : bool
         Passed to each partition learner (see :class:`Engine`).
     max_records : int, optional
@@ -160,7 +161,7 @@ class ScaleOut:
         if config.scale.mode != "per-partition":
             raise ValueError('ScaleOut needs scale.mode = "per-partition"')
         self.config = config
-        self.master_secret = master_secret
+        self.master_secret = check_master_secret(master_secret)
         self.fresh = fresh
         self.max_records = max_records
         self.engines: dict[int, Engine] = {}
