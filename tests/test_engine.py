@@ -436,6 +436,55 @@ def test_a_kill_during_the_first_checkpoint_leaves_a_state_that_starts(tmp_path,
     assert not list(state.dir.glob(".*.tmp")), "leftovers of interrupted writes are removed"
 
 
+_KILL_AT_FIRST_CHECKPOINT = """
+import os, signal, sys, tempfile
+
+real = tempfile.mkstemp
+
+
+def mkstemp(*args, **kwargs):  # SIGKILL the moment the checkpoint's temporary file exists
+    fd, name = real(*args, **kwargs)
+    if kwargs.get("prefix") == ".m.ckpt.":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return fd, name
+
+
+tempfile.mkstemp = mkstemp
+from stream_dp.cli import main
+
+sys.exit(main(["run", "--config", sys.argv[1]]))
+"""
+
+
+def test_a_sigkill_at_the_first_checkpoints_temporary_file_with_the_journal_on(tmp_path):
+    """Journal on: a new run opens its journal, then creates its first checkpoint's temporary
+    file; a real SIGKILL at that file event leaves the journal (holding no charge) and the file.
+    The next start begins the run cleanly, without --fresh, and learns everything once."""
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(30)) + b"\n")
+    cfg = with_checkpoint(config(tmp_path), ledger_journal=True)
+    state = StateDir(cfg.checkpoint.path)
+    env = {**os.environ, "STREAM_DP_NUMBA": "0"}
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILL_AT_FIRST_CHECKPOINT, str(_toml(tmp_path, cfg))],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert state.journal.exists() and list(state.dir.glob(".m.ckpt.*.tmp"))
+    assert not state.checkpoint.exists() and not state.marker.exists()
+    done = subprocess.run(
+        [sys.executable, "-m", "stream_dp.cli", "run", "--config", str(_toml(tmp_path, cfg))],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1])["learned"] == 30
+    steps = [json.loads(line)["step"] for line in (tmp_path / "rel.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 31))
+    assert list(state.dir.glob("m.ckpt.ledger.orphaned-*")), "the empty journal is kept aside"
+    assert not list(state.dir.glob(".*.tmp"))
+    stored = load_checkpoint(state.checkpoint).learner_state
+    assert stored["t"] == 30 and OnPairStrC.ledger_state(stored)["kind"] == "journal:zcdp"
+
+
 def test_a_checkpoint_from_another_run_is_refused(tmp_path):
     data = records(30)
     for name in ("one", "two"):

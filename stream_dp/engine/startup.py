@@ -207,7 +207,7 @@ class Startup:
             raise StateError(f"cannot read the run marker {state.marker}: {err}") from None
         if marker is not None:
             found.append(f"its run marker {state.marker.name} exists")
-        if state.journal.exists():
+        if state.journal.exists() and not self._interrupted_first_checkpoint(marker):
             found.append(f"a ledger journal {state.journal.name} exists")
         # Both Kafka readings are read-only and each costs a coordinator or fetch round trip:
         # the release topic's tail is read beside the group's record.
@@ -245,6 +245,23 @@ class Startup:
             except ValueError:
                 found.append(f"release topic {rel.topic!r} holds messages keyed by it")
         return found
+
+    def _interrupted_first_checkpoint(self, marker: dict | None) -> bool:
+        """Whether the journal is what a kill before a run's first checkpoint left.
+
+        A new run opens its journal before its first checkpoint and writes its marker after
+        it; nothing is learned before that checkpoint. A journal holding no charge, without a
+        checkpoint or marker, therefore records nothing: :meth:`_open_journal` keeps it aside.
+        """
+        from stream_dp.privacy.journal import Journal
+
+        state = self.state
+        if marker is not None or state.checkpoint.exists():
+            return False
+        try:
+            return Journal.holds_no_charges(state.journal)
+        except OSError as err:
+            raise StateError(f"cannot read the ledger journal {state.journal}: {err}") from None
 
     def _latest_release(self) -> bytes | None:
         """The latest message keyed by the model on the release topic, or None."""

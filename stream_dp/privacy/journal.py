@@ -195,6 +195,27 @@ class Journal:
             raise
         return journal
 
+    @staticmethod
+    def holds_no_charges(path: str | os.PathLike) -> bool:
+        """Whether the journal file at ``path`` holds no charge: empty, its header only, or
+        part of its header (what a kill during :meth:`create` or before the first chunk
+        leaves).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.ledger")
+        >>> Journal.create(path, "zcdp").close()
+        >>> Journal.holds_no_charges(path)
+        True
+        """
+        with open(path, "rb") as f:
+            data = f.read(len(_MAGIC) + 2 + 256)
+        fixed = len(_MAGIC) + 2
+        if len(data) < fixed:
+            return (_MAGIC + bytes([JOURNAL_FORMAT])).startswith(data[: fixed - 1])
+        return data[: len(_MAGIC)] == _MAGIC and len(data) <= fixed + data[fixed - 1]
+
     # -- the list protocol of the ledger's sealed chunks -----------------------------------
     def append(self, chunk: Chunk) -> None:
         if self._fd is None:
