@@ -99,6 +99,19 @@ def test_per_partition_mode_refuses_to_start_without_a_master_secret(tmp_path, m
     assert len(err) == 1 and "needs a master secret" in err[0], err
 
 
+def test_an_unreachable_bootstrap_is_rc_4_in_one_line(tmp_path, monkeypatch, capsys):
+    """The single engine's start-up checks run before the instance joins the group."""
+    monkeypatch.setenv("STREAM_DP_MASTER_SECRET", GOOD_16)
+    cfg = kafka_config(tmp_path)
+    cfg["kafka"] = {"startup_timeout_seconds": 2.0}
+    path = tmp_path / "e.toml"
+    write_toml(path, cfg)
+    assert cli_main(["run", "--config", str(path)]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "127.0.0.1:1" in err[0] and "Traceback" not in err[0], err
+    assert not (tmp_path / "state").exists(), "nothing started"
+
+
 def test_per_partition_mode_needs_kafka_on_both_sides(tmp_path):
     cfg = kafka_config(tmp_path)
     cfg["releases"] = {"kind": "stdout"}

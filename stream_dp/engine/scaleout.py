@@ -317,6 +317,20 @@ class ScaleOut:
         """End the cycles of every partition, leave the group and return (thread-safe)."""
         self.stopping.request()
 
+    def _check_kafka(self) -> None:
+        """The single engine's start-up checks, before joining the group: every cluster
+        reached, the input topic present (subscribing to a missing one would have the broker
+        create it), the output topics created or checked."""
+        from connectors.admin import KafkaProblem
+        from stream_dp.engine.errors import KafkaUnavailable
+        from stream_dp.engine.preflight import check_kafka, release_size
+
+        release_bytes, _ = release_size(self.config)
+        try:
+            check_kafka(self.config, release_bytes)
+        except KafkaProblem as err:
+            raise KafkaUnavailable(str(err)) from None
+
     def _ensure_checkpoint_topic(self) -> None:
         """Create the compacted checkpoint topic if it is configured and missing."""
         from connectors.admin import KafkaProblem, connect, ensure_topic
@@ -363,6 +377,7 @@ class ScaleOut:
             session_timeout_ms=scale.session_timeout_ms,
             heartbeat_interval_ms=max(300, scale.session_timeout_ms // 4),
             max_poll_records=500,
+            allow_auto_create_topics=False,  # checked at start (_check_kafka), never created
             **src.security,
         )
         self._consumer.subscribe(topics=[src.topic], listener=self._listener())
@@ -379,6 +394,7 @@ class ScaleOut:
         self.stopping.install()
         try:
             try:
+                self._check_kafka()
                 self._ensure_checkpoint_topic()
                 self._open_consumer()
                 self._publish_metrics({}, up=True)
