@@ -63,6 +63,7 @@ __all__ = [
     "CheckpointKeyMismatch",
     "CheckpointMismatch",
     "CheckpointVersionError",
+    "checkpoint_bytes",
     "save_checkpoint",
     "load_checkpoint",
     "params_fingerprint",
@@ -206,7 +207,26 @@ def save_checkpoint(
     {'line': 1}
 
     """
-    path = Path(path)
+    write_private(path, checkpoint_bytes(learner_state, positions, meta, seal_key=seal_key))
+
+
+def checkpoint_bytes(
+    learner_state: dict,
+    positions: dict,
+    meta: dict | None = None,
+    *,
+    seal_key: bytes | None = None,
+) -> bytes:
+    """The bytes :func:`save_checkpoint` writes (for a checkpoint that goes elsewhere than a
+    file, such as a checkpoint topic).
+
+    Examples
+    --------
+    >>> from stream_dp.online import OnPairStrC
+    >>> blob = checkpoint_bytes(OnPairStrC(alpha=1.0, features=["a"]).state_dict(), {"line": 0})
+    >>> blob[:8]
+    b'STREAMDP'
+    """
     arrays: dict[str, np.ndarray] = {}
     body = {
         "learner": _split(learner_state, arrays, "learner"),
@@ -232,7 +252,7 @@ def save_checkpoint(
     blob = _MAGIC + len(head).to_bytes(8, "big") + head + payload
     if seal_key is not None:
         blob = seal(seal_key, str(header["model_id"]), blob)
-    write_private(path, blob)
+    return blob
 
 
 def seal_checkpoint_file(path: str | os.PathLike, seal_key: bytes) -> None:

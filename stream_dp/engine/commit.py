@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from connectors.transactions import ProducerFenced
-from stream_dp.checkpoint import save_checkpoint
+from stream_dp.checkpoint import checkpoint_bytes, save_checkpoint
 from stream_dp.engine.errors import Fenced, StateError
 from stream_dp.engine.outputs import CHECKPOINTS, Outputs, PublicationRecord
 from stream_dp.engine.state import Published, StateDir
@@ -140,6 +140,10 @@ class CommitCycle:
         ``snapshot() -> (learner_state, meta)``: what the checkpoint holds besides the cycle.
     seal_key : bytes, optional
         Seal every checkpoint under this key (a learner whose secret comes from a master).
+    portable : callable, optional
+        ``portable() -> (learner_state, meta)`` or None: the state of a checkpoint that resumes
+        without the state directory (a journaled ledger carries its journal), for the
+        checkpoint topic; None (or a call that returns None) when the file is that already.
     clock : callable, default time.monotonic
     """
 
@@ -153,10 +157,12 @@ class CommitCycle:
         snapshot: Callable[[], tuple[dict, dict]],
         *,
         seal_key: bytes | None = None,
+        portable: Callable[[], tuple[dict, dict] | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state, self.outputs, self.source, self.model_id = state, outputs, source, model_id
         self.policy, self.snapshot, self.seal_key, self.clock = policy, snapshot, seal_key, clock
+        self.portable = portable
         #: Input messages handed to the learner since the cycle began.
         self.since = 0
         self.began = clock()
@@ -353,21 +359,31 @@ class CommitCycle:
         self.save(positions)
         self.unpublished = True
 
-    def _with_checkpoint(self, messages: list) -> list:
-        """The cycle's messages, and its checkpoint's bytes if the outputs take checkpoints.
+    def _with_checkpoint(self, messages: list, positions: dict) -> list:
+        """The cycle's messages, and its checkpoint if the outputs take checkpoints.
 
         Published in the cycle's transaction, the checkpoint in the topic is always the one of
-        the last published cycle, so a resume from it needs to publish nothing again.
+        the last published cycle, so a resume from it needs to publish nothing again. It must
+        resume on another machine: with a ledger journal it is the portable form of the
+        cycle's checkpoint (same learner, positions and cycle; the journal inside).
         """
         if CHECKPOINTS not in self.outputs.sinks:
             return messages
-        return [*messages, (CHECKPOINTS, self.model_id, self.state.checkpoint.read_bytes())]
+        state = None if self.portable is None else self.portable()
+        if state is None:
+            blob = self.state.checkpoint.read_bytes()
+        else:
+            learner_state, meta = state
+            blob = checkpoint_bytes(
+                learner_state, positions, {**meta, **self.meta()}, seal_key=self.seal_key
+            )
+        return [*messages, (CHECKPOINTS, self.model_id, blob)]
 
     def publish(self, positions: dict, **hooks: Callable) -> None:
         """Publish the current cycle's outbox and record it; the outbox is then empty."""
         self.settle(**hooks)
         self.outputs.publish(
-            self._with_checkpoint(self.outbox.messages),
+            self._with_checkpoint(self.outbox.messages, positions),
             positions,
             Published(self.run_id, self.seq),
             **hooks,
@@ -389,7 +405,8 @@ class CommitCycle:
         the checkpoint's cycle or the one before, as :meth:`recover` expects.
         """
         self.settle()
-        messages, self.outbox = self._with_checkpoint(self.outbox.messages), Outbox()
+        messages = self._with_checkpoint(self.outbox.messages, positions)
+        self.outbox = Outbox()
         self._inflight = _Publication(
             self.outputs, messages, positions, Published(self.run_id, self.seq)
         )

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from connectors.schema import DeadLetter, RecordError, ReleaseEncoder, parse_conformed
 from stream_dp.engine.builders import build_learner
 
@@ -141,14 +143,25 @@ class Learning:
         return Handled(Outcome.RELEASED, fields["model_id"], release, unknown)
 
     # -- checkpoints -----------------------------------------------------------------------
-    def checkpoint_state(self, journal: Path) -> dict:
-        """The learner's state for a checkpoint beside the ledger journal ``journal``."""
+    def checkpoint_state(self, journal: Path, *, portable: bool = False) -> dict:
+        """The learner's state for a checkpoint beside the ledger journal ``journal``.
+
+        ``portable``: for a checkpoint that leaves the machine (the checkpoint topic), so it
+        must resume without this directory: a journaled ledger carries the journal's bytes
+        up to its reference (``journal_bytes``; :meth:`restore` puts them back in place, and
+        the journal's SHA-256 in the reference checks them).
+        """
         state = self.learner.state_dict()
         if self.secret is not None:
             state["secret"] = None  # derived from the master secret; never at rest
         acc = self.learner.ledger_state(state)
         if "journal" in acc:  # named relative to the checkpoint, so the directory can move
-            acc["journal"] = {**acc["journal"], "path": journal.name}
+            ref = acc["journal"]
+            acc["journal"] = {**ref, "path": journal.name}
+            if portable:
+                with open(ref["path"], "rb") as f:
+                    blob = f.read(int(ref["bytes"]))
+                acc["journal_bytes"] = np.frombuffer(blob, dtype=np.uint8).copy()
         return state
 
     def seal_key(self) -> bytes | None:
@@ -176,6 +189,11 @@ class Learning:
         acc = self.learner.ledger_state(learner_state)
         if "journal" in acc:
             acc["journal"] = {**acc["journal"], "path": str(journal)}
+        carried = acc.pop("journal_bytes", None)
+        if carried is not None:  # a portable checkpoint: its journal replaces the local one
+            from stream_dp.checkpoint import write_private
+
+            write_private(journal, np.asarray(carried, dtype=np.uint8).tobytes())
         self.learner.load_state_dict(learner_state)
 
 

@@ -181,6 +181,7 @@ class Engine:
             CyclePolicy(ck.every_records, ck.every_seconds, ck.max_pending_bytes),
             self._snapshot,
             seal_key=self.learning.seal_key(),
+            portable=self._portable_snapshot,
         )
         self.outage.follow(self._source, self.outputs.publisher)
 
@@ -188,6 +189,13 @@ class Engine:
         """What a checkpoint holds besides the cycle: the learner, the engine's counters."""
         meta = {**self.stats.to_meta(), **self.learning.meta()}
         return self.learning.checkpoint_state(self.state.journal), meta
+
+    def _portable_snapshot(self) -> tuple[dict, dict] | None:
+        """The snapshot of a checkpoint that carries its ledger journal, or None without one."""
+        if self.learner.accountant.storage.journal is None:
+            return None
+        meta = {**self.stats.to_meta(), **self.learning.meta()}
+        return self.learning.checkpoint_state(self.state.journal, portable=True), meta
 
     def _kafka_parts(self) -> dict[str, bool]:
         """Which configured parts are Kafka ones the engine opens itself (not overridden)."""

@@ -126,7 +126,7 @@ class Startup:
         if self.fresh:
             for aside in state.set_aside():
                 log.warning("--fresh: %s kept aside; its run is closed", aside)
-        if not state.checkpoint.exists() and not self.fresh and self.config.scale.checkpoint_topic:
+        if not self.fresh and self.config.scale.checkpoint_topic:
             self._checkpoint_from_topic()
         if state.checkpoint.exists():
             return self._resume()
@@ -159,11 +159,19 @@ class Startup:
 
     # -- a checkpoint from the checkpoint topic -------------------------------------------------
     def _checkpoint_from_topic(self) -> None:
-        """Put the learner's latest published checkpoint from the checkpoint topic in place.
+        """Put the learner's latest published checkpoint from the checkpoint topic in place,
+        unless the local checkpoint is as new.
 
-        The checkpoint must be sealed under the learner's key (derived from the master
-        secret), for its model id (``<model>/p<k>``: model and partition); its checksums are
-        checked before it is used. A damaged, unsealed or foreign one is refused.
+        The topic is the source of truth and the state directory its cache: a partition that
+        moved away and back finds its local checkpoint older than the topic's, which then
+        replaces it. A local checkpoint of the same run and a later cycle (written, not yet
+        published, when its process died) is kept and resumed; one of another run is kept
+        too and refused by the checks that follow, as is a damaged one.
+
+        The topic's checkpoint must be sealed under the learner's key (derived from the
+        master secret), for its model id (``<model>/p<k>``: model and partition); its
+        checksums are checked before it is used. A damaged, unsealed or foreign one is
+        refused.
         """
         from connectors.admin import latest_with_key
         from stream_dp.checkpoint import CheckpointError, write_private
@@ -186,7 +194,7 @@ class Startup:
         candidate = state.checkpoint.with_name(state.checkpoint.name + ".from-topic")
         try:
             write_private(candidate, value)
-            load_resumable(candidate, self.learning, model_id, from_topic=True)
+            published = load_resumable(candidate, self.learning, model_id, from_topic=True)
         except CheckpointError as err:
             candidate.unlink(missing_ok=True)
             raise StateError(
@@ -194,6 +202,19 @@ class Startup:
             ) from None
         except OSError as err:
             raise StateError(f"cannot write checkpoint {state.checkpoint}: {err}") from None
+        if state.checkpoint.exists():
+            try:
+                local = load_resumable(state.checkpoint, self.learning, model_id).meta
+            except CheckpointError:
+                candidate.unlink()
+                raise
+            run, seq = published.meta.get("run_id"), int(published.meta.get("seq", -1))
+            if local.get("run_id") != run or int(local.get("seq", -1)) >= seq:
+                candidate.unlink()
+                return
+            log.info("local checkpoint of %s (cycle %s) is older than the one in topic %s "
+                     "(cycle %d): replaced by it", model_id, local.get("seq"), topic,
+                     seq)  # fmt: skip
         candidate.replace(state.checkpoint)
         log.info("checkpoint of %s taken from topic %s", model_id, topic)
 

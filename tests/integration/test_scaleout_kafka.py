@@ -363,3 +363,90 @@ def test_the_checkpoint_topic_shows_no_record_no_noise_state_no_model_without_th
         load_checkpoint(probe)
     with pytest.raises(CheckpointKeyMismatch, match="another master secret"):
         load_checkpoint(probe, seal_key=_key(model, k, OTHER_MASTER))
+
+
+def _privacy_figures(bootstrap: str, names: dict, partitions: int) -> dict[int, int]:
+    """Every step of every partition learner published once, in order; no step with two
+    contents (aborted transactions included); the input's size per partition."""
+    sizes = _partition_sizes(bootstrap, names["input"], partitions)
+    contents: dict[tuple[str, int], set[bytes]] = {}
+    for value in read_all(bootstrap, names["releases"]):
+        msg = json.loads(value)
+        body = {k: v for k, v in msg.items() if k != "time"}
+        contents.setdefault((msg["model_id"], msg["step"]), set()).add(
+            json.dumps(body, sort_keys=True).encode()
+        )
+    twice = [key for key, c in contents.items() if len(c) > 1]
+    assert not twice, f"{len(twice)} steps published with different contents: {twice[:5]}"
+    committed = [json.loads(v) for v in read_all(bootstrap, names["releases"], committed=True)]
+    for k in range(partitions):
+        steps = [m["step"] for m in committed if m["model_id"] == f"{names['model']}/p{k}"]
+        assert steps == list(range(1, sizes[k] + 1)), f"partition {k}: each step once, in order"
+    return sizes
+
+
+def _journaled_ledger(state: Path, model: str, k: int, master: str = MASTER):
+    """A partition learner's checkpoint and ledger, its journal found beside it."""
+    ckpt = _load(state / f"p{k}" / "model.ckpt", model, k, master)
+    acc = OnPairStrC.ledger_state(ckpt.learner_state)
+    assert acc["kind"] == "journal:zcdp", "the ledger is journaled"
+    path = str(state / f"p{k}" / "model.ckpt.ledger")
+    ledger = accountant_from_dict({**acc, "journal": {**acc["journal"], "path": path}})
+    ledger.storage.close()
+    return ckpt, ledger
+
+
+def test_with_the_journal_partitions_move_x_to_y_to_x_through_the_checkpoint_topic(
+    kafka_broker: KafkaBroker, unique_name, tmp_path
+):
+    """``checkpoint.ledger_journal = true``, two machines with their own state directories and
+    the checkpoint topic. X learns both partitions (past a sealed journal chunk), Y then
+    resumes them from the topic alone (the journal travels inside the sealed checkpoint), then
+    X again: its local copies are older than the topic's, which replace them. Each step is
+    published once with one content, and each partition's ledger equals an uninterrupted
+    run's."""
+    bootstrap = kafka_broker.bootstrap
+    names = {**names_for(unique_name), "checkpoints": unique_name("checkpoints")}
+    create_topic(bootstrap, names["input"], partitions=2)
+    bounds = [0, 18_000, 24_000, 30_000]  # > 8192 charges per partition before the first move
+    values = [json.dumps(valid_record(i)).encode() for i in range(bounds[-1])]
+
+    def produce(lo: int, hi: int) -> None:
+        with KafkaSink(names["input"], bootstrap) as sink:
+            for i in range(lo, hi):
+                sink.send(f"record-{i}", values[i])
+            sink.flush()
+
+    model = names["model"]
+    homes: dict[str, tuple[Path, dict]] = {}
+    for name in ("X", "Y"):
+        homes[name] = _machine(tmp_path, bootstrap, names, name)
+        homes[name][1]["checkpoint"]["ledger_journal"] = True
+    for turn, name in enumerate(("X", "Y", "X")):
+        produce(bounds[turn], bounds[turn + 1])
+        home, cfg = homes[name]
+        rc, text = _run_to_end(home, cfg, name)
+        assert rc == 0, text[-3000:]
+        sizes = _partition_sizes(bootstrap, names["input"], 2)
+        for k in range(2):
+            ckpt, ledger = _journaled_ledger(home / "state", model, k)
+            assert ckpt.learner_state["t"] == sizes[k], (name, turn, k)
+            assert len(ledger.storage.journal) >= 1, "sealed chunks are in the journal"
+            if turn > 0:
+                assert f"checkpoint of {model}/p{k} taken from topic" in text, (name, turn)
+        if turn == 2:
+            assert text.count("is older than the one in topic") == 2, text[-3000:]
+
+    sizes = _privacy_figures(bootstrap, names, 2)
+    ref_names = {**names, "group": unique_name("group"), "model": model + "-ref",
+                 "releases": unique_name("releases"), "dead": unique_name("dead")}  # fmt: skip
+    ref_cfg = _config(tmp_path / "ref", bootstrap, ref_names, "ref")
+    ref_cfg["source"]["max_idle_seconds"] = 4.0
+    ref_cfg["checkpoint"]["ledger_journal"] = True
+    ScaleOut(EngineConfig.model_validate(ref_cfg), master_secret=int(OTHER_MASTER, 16)).run()
+    for k in range(2):
+        _, ledger = _journaled_ledger(homes["X"][0] / "state", model, k)
+        ref_ckpt, ref = _journaled_ledger(tmp_path / "ref" / "state", model + "-ref", k,
+                                          OTHER_MASTER)  # fmt: skip
+        assert ref_ckpt.learner_state["t"] == sizes[k]
+        assert ledger.ledger == ref.ledger and ledger.rho_spent() == ref.rho_spent()
