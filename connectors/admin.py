@@ -215,6 +215,11 @@ def topic_max_message_bytes(admin: TopicAdmin, topic: str) -> int | None:
         return None
 
 
+#: The first window :func:`latest_with_key` reads back from a partition's end; each next one is
+#: this many times longer.
+_FIRST_WINDOW, _GROWTH = 8, 8
+
+
 def latest_with_key(
     bootstrap_servers: str | Sequence[str],
     topic: str,
@@ -227,6 +232,11 @@ def latest_with_key(
 ) -> bytes | None:
     """The value of the newest committed message with ``key`` among the last ``tail`` of each
     partition of ``topic``, or None.
+
+    Each partition is read backwards in growing windows (8, 64, 512, ... offsets from its end,
+    up to ``tail``), stopping at the first window that holds the key: the newest message of a
+    key that is written often (a checkpoint per commit cycle) costs a read of the last few
+    messages, not of the whole tail (checkpoints of megabytes each).
 
     Raises
     ------
@@ -245,29 +255,49 @@ def latest_with_key(
         **security,
     )
     try:
+        deadline = time.monotonic() + timeout_s
         parts = sorted(consumer.partitions_for_topic(topic) or ())
         tps = [TopicPartition(topic, p) for p in parts]
         if not tps:
             return None
         ends = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
         begins = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
-        todo = {tp: ends[tp] for tp in tps if ends[tp] > begins[tp]}
-        if not todo:
+        # Per partition, the offsets [lo, hi) still to read: the next window back from its end.
+        unread = {tp: ends[tp] for tp in tps if ends[tp] > begins[tp]}
+        found: dict[Any, tuple[int, bytes]] = {}
+        window = _FIRST_WINDOW
+        while unread and time.monotonic() < deadline:
+            todo = {}
+            for tp, hi in unread.items():
+                lo = max(begins[tp], ends[tp] - min(window, tail))
+                if lo < hi:
+                    todo[tp] = (lo, hi)
+            if not todo:
+                break
+            consumer.assign(list(todo))
+            for tp, (lo, _) in todo.items():
+                consumer.seek(tp, lo)
+            newest: dict[Any, tuple[int, int, bytes]] = {}  # tp -> (offset, timestamp, value)
+            while todo and time.monotonic() < deadline:
+                for tp, records in consumer.poll(timeout_ms=500).items():
+                    if tp not in todo:
+                        continue
+                    hi = todo[tp][1]
+                    for rec in records:
+                        if rec.key == key and rec.offset < hi:
+                            if tp not in newest or rec.offset > newest[tp][0]:
+                                newest[tp] = (rec.offset, rec.timestamp, rec.value)
+                for tp in list(todo):
+                    # Transaction markers occupy offsets too: done when the position reaches hi.
+                    if consumer.position(tp, timeout_ms=int(timeout_s * 1000)) >= todo[tp][1]:
+                        unread[tp] = todo.pop(tp)[0]
+            for tp, (_, ts, value) in newest.items():
+                found[tp] = (ts, value)
+                del unread[tp]
+            unread = {tp: lo for tp, lo in unread.items() if lo > max(begins[tp], ends[tp] - tail)}
+            window *= _GROWTH
+        if not found:
             return None
-        consumer.assign(list(todo))
-        for tp in todo:
-            consumer.seek(tp, max(begins[tp], ends[tp] - tail))
-        newest: tuple[int, bytes] | None = None
-        deadline = time.monotonic() + timeout_s
-        while todo and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=500).values():
-                for rec in records:
-                    if rec.key == key and (newest is None or rec.timestamp >= newest[0]):
-                        newest = (rec.timestamp, rec.value)
-            for tp in list(todo):
-                # Transaction markers occupy offsets too: done when the position reaches the end.
-                if consumer.position(tp, timeout_ms=int(timeout_s * 1000)) >= todo[tp]:
-                    del todo[tp]
-        return None if newest is None else newest[1]
+        return max(found.values(), key=lambda tv: tv[0])[1]
     finally:
         consumer.close(autocommit=False)

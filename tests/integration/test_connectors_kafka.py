@@ -556,6 +556,15 @@ def test_admin_checks_and_checkpoint_topic(
     assert latest_with_key(bootstrap, topic, b"m/p0", **read) == b"ckpt-2"
     assert latest_with_key(bootstrap, topic, b"m/p1", **read) == b"other"
     assert latest_with_key(bootstrap, topic, b"m/p9", **read) is None
+    # Read backwards in growing windows: a key 70 messages back is found, one beyond the tail
+    # is not.
+    publisher = TransactionalPublisher(bootstrap, unique_name("txn"), client=kafka_client)
+    publisher.start()
+    publisher.publish([(topic, b"m/p1", f"other-{i}".encode()) for i in range(70)])
+    publisher.close()
+    assert latest_with_key(bootstrap, topic, b"m/p0", **read) == b"ckpt-2"
+    assert latest_with_key(bootstrap, topic, b"m/p1", **read) == b"other-69"
+    assert latest_with_key(bootstrap, topic, b"m/p0", tail=40, **read) is None
 
     # The diagnoses: nothing listening, and a TLS client at a plaintext listener.
     with pytest.raises(KafkaProblem, match="cannot reach Kafka at 127.0.0.1:1 "):
