@@ -112,6 +112,29 @@ def test_an_unreachable_bootstrap_is_rc_4_in_one_line(tmp_path, monkeypatch, cap
     assert not (tmp_path / "state").exists(), "nothing started"
 
 
+def test_a_take_over_retracts_the_dead_instances_claim_in_its_status_file(tmp_path):
+    """Instance A was killed holding partitions 0 and 1; B takes 1 over: A's status file no
+    longer names 1 as held, and says who took it."""
+    from stream_dp.engine.scaleout import ScaleOut
+
+    cfg = kafka_config(tmp_path)
+    cfg["status"] = {"file": str(tmp_path / "status.json")}
+    b = ScaleOut(EngineConfig.model_validate(cfg), master_secret=int(GOOD_16, 16), instance="B")
+    a_file = tmp_path / "status.A.json"
+    claim = {"partition": 0, "owner": "A", "heartbeat": 1.0}
+    a_file.write_text(json.dumps({
+        "model_id": "bank", "instance": "A", "partitions": [0, 1],
+        "by_partition": {"0": claim, "1": {**claim, "partition": 1}},
+    }))  # fmt: skip
+    other_model = tmp_path / "status.C.json"
+    other_model.write_text(json.dumps({"model_id": "other", "partitions": [1]}))
+    b._retract_claims([1])
+    a = json.loads(a_file.read_text())
+    assert a["partitions"] == [0] and list(a["by_partition"]) == ["0"]
+    assert a["taken_over"]["1"]["by"] == "B" and a["taken_over"]["1"]["at"] > 1.0
+    assert json.loads(other_model.read_text())["partitions"] == [1], "another model's file"
+
+
 def test_per_partition_mode_needs_kafka_on_both_sides(tmp_path):
     cfg = kafka_config(tmp_path)
     cfg["releases"] = {"kind": "stdout"}

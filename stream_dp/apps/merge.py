@@ -13,8 +13,17 @@ it -- the merged model has about √K times the noise of a central learner. The 
 removes this cost is a central aggregator: workers send clipped gradient sums (never noised
 models) to one coordinator, which adds the noise once (``docs/privacy.md``, "Scale-out").
 
-Exit codes: 0 done (the release topic was idle for --idle-seconds); 4 Kafka unreachable or
-misconfigured, or the release topic does not exist (within 20 s).
+A merged model is published only when every partition learner (``--partitions``, else p0 to
+the highest seen) has a release, and only once the history the topic held at the start has
+been read: a replay never publishes averages of partitions taken at different moments. Each
+merged model names every partition's step; at the end ``merge`` says which releases it saw.
+``--wait`` waits that long for the model (the first complete set of releases) before the idle
+timeout applies, so ``merge`` can start beside the instances.
+
+Exit codes: 0 done (the release topic was idle for --idle-seconds, after at least one merged
+model); 3 nothing merged (no release of the model, or not every partition learner has one;
+one line naming what was seen); 4 Kafka unreachable or misconfigured, or the release topic
+does not exist (within 20 s).
 """
 
 from __future__ import annotations
@@ -29,7 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from stream_dp.apps.kafka_tools import add_bootstrap_argument, probe, release_consumer, run_app
+from stream_dp.apps.kafka_tools import (
+    BadArgument,
+    add_bootstrap_argument,
+    probe,
+    release_consumer,
+    run_app,
+)
 from stream_dp.engine.cli import add_common_arguments
 
 __all__ = ["MERGED_SCHEMA", "MergedModel", "add_arguments", "main", "merged_message"]
@@ -150,6 +165,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="publish at most this often (default: %(default)s)",
     )
     parser.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="number of partition learners (the input topic's partitions; default: p0 to the "
+        "highest seen)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for a release of every partition learner (default: %(default)s)",
+    )
+    parser.add_argument(
         "--idle-seconds",
         type=float,
         default=10.0,
@@ -164,9 +193,25 @@ def main(args: argparse.Namespace) -> int:
     return run_app("merge", args, lambda: _merge(args))
 
 
+def _seen(latest: Mapping[str, Any], prefix: str) -> str:
+    """The releases seen, one per partition learner: ``p0 step 12, p1 step 9``."""
+    parts = sorted(latest, key=lambda key: int(key[len(prefix) :]))
+    return ", ".join(f"p{key[len(prefix) :]} step {latest[key].step}" for key in parts) or "none"
+
+
+def _missing(latest: Mapping[str, Any], prefix: str, partitions: int | None) -> list[int]:
+    """The partition learners without a release yet (``partitions`` None: p0 to the highest)."""
+    have = {int(key[len(prefix) :]) for key in latest}
+    if partitions is None:
+        partitions = max(have) + 1 if have else 1
+    return [k for k in range(partitions) if k not in have]
+
+
 def _merge(args: argparse.Namespace) -> int:
     from connectors import KafkaSink, ReleaseMessage
 
+    if args.partitions is not None and args.partitions < 1:
+        raise BadArgument("--partitions must be at least 1")
     probe(args.bootstrap, [args.topic])
     out_topic = args.to or f"{args.topic}.merged"
     prefix = f"{args.model}/p"
@@ -174,6 +219,8 @@ def _merge(args: argparse.Namespace) -> int:
     latest: dict[str, Any] = {}
     published = 0
     last, dirty = -float("inf"), False
+    waiting_until = time.monotonic() + args.wait
+    history = _history_end(consumer, args.topic)
     try:
         with KafkaSink(out_topic, args.bootstrap) as sink:
 
@@ -183,26 +230,59 @@ def _merge(args: argparse.Namespace) -> int:
                 sink.send(f"{args.model}/merged", value)
                 sink.flush()
                 published, last, dirty = published + 1, time.monotonic(), False
-                info = json.loads(value)
-                steps = {p: v["step"] for p, v in info["partitions"].items()}
-                print(f"merged {len(steps)} partition(s) at steps {steps}")
+                print(f"merged {len(latest)} partition(s): {_seen(latest, prefix)}")
                 sys.stdout.flush()
 
-            for msg in consumer:
-                key = (msg.key or b"").decode("utf-8", "replace")
-                if not key.startswith(prefix) or not key[len(prefix) :].isdigit():
-                    continue
-                try:
-                    rel = ReleaseMessage.from_json(msg.value)
-                except ValueError:
-                    continue
-                latest[key] = rel
-                dirty = True
-                if time.monotonic() - last >= args.every_seconds:
+            def ready() -> bool:
+                return not _missing(latest, prefix, args.partitions) and _read_up_to(
+                    consumer, history
+                )
+
+            while True:
+                for msg in consumer:
+                    key = (msg.key or b"").decode("utf-8", "replace")
+                    if not key.startswith(prefix) or not key[len(prefix) :].isdigit():
+                        continue
+                    try:
+                        rel = ReleaseMessage.from_json(msg.value)
+                    except ValueError:
+                        continue
+                    latest[key] = rel
+                    dirty = True
+                    if time.monotonic() - last >= args.every_seconds and ready():
+                        publish()
+                if dirty and ready():
                     publish()
-            if dirty:
-                publish()
+                if published or time.monotonic() >= waiting_until:
+                    break
     finally:
         consumer.close()
-    print(f"{published} merged model(s) published to {out_topic}")
+    if not published:
+        missing = _missing(latest, prefix, args.partitions)
+        why = (
+            f"no release of model {args.model!r} on {args.topic!r}"
+            if not latest
+            else f"no release yet of p{', p'.join(map(str, missing))}"
+        )
+        print(f"stream-dp merge: nothing merged: {why} (seen: {_seen(latest, prefix)}); "
+              "start merge with --wait to wait for the model", file=sys.stderr)  # fmt: skip
+        return 3
+    print(f"{published} merged model(s) published to {out_topic}; last releases seen: "
+          f"{_seen(latest, prefix)}")  # fmt: skip
     return 0
+
+
+def _history_end(consumer: Any, topic: str) -> dict:
+    """The release topic's end offsets at the start: the history a replay reads first."""
+    from kafka import TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+    return consumer.end_offsets(tps) if tps else {}
+
+
+def _read_up_to(consumer: Any, ends: Mapping[Any, int]) -> bool:
+    """Whether the consumer has read the topic up to ``ends`` (the history at the start)."""
+    assigned = consumer.assignment()
+    return all(
+        end == 0 or (tp in assigned and consumer.position(tp) >= end) for tp, end in ends.items()
+    )

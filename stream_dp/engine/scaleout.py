@@ -37,7 +37,10 @@ be in every partition and the guarantees add up (``docs/privacy.md``, "Scale-out
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -176,6 +179,10 @@ class ScaleOut:
         self.unreachable_since: float | None = None
         self._backoff = Backoff(maximum=10.0, logger=log, what="Kafka group consume")
         self.stopping = StopRequest()
+        #: This instance's name in the status (owner of its partitions).
+        self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
+        #: Per partition held: (wall time taken, wall time last driven by the loop).
+        self._held: dict[int, list[float]] = {}
         status_file = config.status.file
         if status_file is not None and instance is not None:
             if not instance.replace("-", "").replace("_", "").isalnum():
@@ -237,8 +244,11 @@ class ScaleOut:
                 engine.close()
                 continue
             self.engines[k] = engine
+            now = time.time()
+            self._held[k] = [now, now]
             log.info("partition %d: learner %s at step %d", k,
                      engine.config.model.model_id, engine.learner.step)  # fmt: skip
+        self._retract_claims([k for k, _ in pending if k in self.engines])
         for err in errors[1:]:  # the first is raised; the others must not vanish
             log.error("another gained partition failed to start too: %s", err)
         if errors:
@@ -263,6 +273,7 @@ class ScaleOut:
     def _release(self, revoked: list[Any]) -> None:
         for tp in sorted(revoked, key=lambda tp: tp.partition):
             engine = self.engines.pop(tp.partition, None)
+            self._held.pop(tp.partition, None)
             if engine is None:
                 continue
             try:
@@ -274,6 +285,7 @@ class ScaleOut:
     def _drop(self, lost: list[Any]) -> None:
         for tp in lost:
             engine = self.engines.pop(tp.partition, None)
+            self._held.pop(tp.partition, None)
             if engine is not None:
                 log.warning("partition %d: lost (evicted from the group); not publishing "
                             "its open cycle", tp.partition)  # fmt: skip
@@ -403,6 +415,7 @@ class ScaleOut:
                 final = self._summary(parts)
                 self._publish_metrics(parts, up=False)
                 self._release_all()
+                self._write_status()  # holding nothing now
             finally:
                 self.stopping.disarm()
             return final
@@ -513,6 +526,9 @@ class ScaleOut:
             for k, engine in self.engines.items():
                 if k not in got:
                     engine.process([], idle=not polled)
+            beat = time.time()
+            for k in self.engines:
+                self._held[k][1] = beat
             now = time.monotonic()
             if polled:
                 last_record = now
@@ -538,10 +554,13 @@ class ScaleOut:
         comp = composition(rho, self.config.scale.privacy_unit_key)
         delta = self.config.model.delta
         conv = getattr(self.config.model, "conversion", "tight")
+        now = time.time()
         return {
-            "time": time.time(),
+            "time": now,
             "model_id": self.config.model.model_id,
             "mode": "per-partition",
+            "instance": self.instance,
+            "heartbeat": now,
             "partitions": sorted(parts),
             "records": self.records,
             "skipped_records": sum(e.source.skipped_records for e in self.engines.values()),
@@ -568,6 +587,11 @@ class ScaleOut:
                         "last_published_cycle",
                         "pending_messages",
                     )
+                }
+                | {
+                    "owner": self.instance,
+                    "taken_at": self._held[p][0],
+                    "heartbeat": self._held[p][1],
                 }
                 for p, s in parts.items()
             },
@@ -615,6 +639,41 @@ class ScaleOut:
                 broker_unreachable=self.unreachable_since is not None,
             )
         )
+
+    def _retract_claims(self, taken: list[int]) -> None:
+        """Remove ``taken`` from the other instances' status files beside this one's.
+
+        A killed instance's status file would otherwise go on naming the partitions it held;
+        the instance that takes them over says so in that file (``taken_over``). A live
+        instance that handed them over in a rebalance writes its own status without them
+        anyway.
+        """
+        mine = self.status_writer.path
+        if mine is None or not taken:
+            return
+        base = Path(self.config.status.file)
+        pattern = f"{base.stem}.*{base.suffix}"
+        for path in [base, *base.parent.glob(pattern)]:
+            if path == mine or not path.is_file():
+                continue
+            try:
+                other = json.loads(path.read_text())
+                held = set(other.get("partitions") or ())
+            except (OSError, ValueError, TypeError):
+                continue
+            gone = sorted(held & set(taken))
+            if not gone or other.get("model_id") != self.config.model.model_id:
+                continue
+            now = time.time()
+            other["partitions"] = sorted(held - set(gone))
+            by = other.get("by_partition") or {}
+            for k in gone:
+                by.pop(str(k), None)
+                other.setdefault("taken_over", {})[str(k)] = {"by": self.instance, "at": now}
+            try:
+                StatusWriter(str(path)).write(other)
+            except OSError as err:
+                log.warning("cannot update status file %s: %s", path, err)
 
     def _write_status(self) -> None:
         self._status_clock = time.monotonic()
