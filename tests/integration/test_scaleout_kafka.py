@@ -1,9 +1,10 @@
 """Per-partition scale-out against a real broker: instances come, go and die; nothing is lost.
 
-Two instances of one model share a 4-partition input (20,000 records keyed by a record id)
-and a state directory; one is SIGKILLed mid-run and the survivor takes its partitions over
-after the group's session timeout; a third instance started afterwards takes partitions from
-the survivor in a rebalance. Every step of every partition learner is published, no step with
+Two instances of one model share a 4-partition input (8,000 records keyed by a record id, then
+live input until a third instance has learned part of it) and a state directory; one is
+SIGKILLed mid-run and the survivor takes its partitions over after the group's session
+timeout; a third instance started afterwards takes partitions from the survivor in a
+rebalance. Every step of every partition learner is published, no step with
 two different contents, no record learned twice, and each partition's ledger equals an
 uninterrupted run's. With a checkpoint topic, a second machine resumes from it; what the topic
 holds is sealed: a reader without the master finds no record, no noise state and no model, and
@@ -108,17 +109,20 @@ def test_two_instances_one_killed_then_a_third_joins(
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
     create_topic(bootstrap, names["input"], partitions=PARTITIONS)
-    n, first, rate = 20_000, 8_000, 1000.0
-    values = [json.dumps(valid_record(i)).encode() for i in range(n)]
+    # The live input runs until the third instance has learned part of it (however slow the
+    # machine), then stops: its size is what was produced.
+    n, first, rate = 1_000_000, 8_000, 1000.0
+    produced = [0]
 
     def produce(lo: int, hi: int, stop: threading.Event | None = None) -> None:
         with KafkaSink(names["input"], bootstrap) as sink:
             start = time.monotonic()
             for i in range(lo, hi):
-                sink.send(f"record-{i}", values[i])  # keyed by a record id
+                sink.send(f"record-{i}", json.dumps(valid_record(i)).encode())  # a record id
+                produced[0] = i + 1
                 ahead = start + (i - lo + 1) / rate - time.monotonic()
-                if stop is not None and ahead > 0 and stop.wait(ahead):
-                    return
+                if stop is not None and (stop.is_set() or (ahead > 0 and stop.wait(ahead))):
+                    break
             sink.flush()
 
     cfgs = {i: _config(tmp_path, bootstrap, names, i) for i in "ABC"}
@@ -143,8 +147,10 @@ def test_two_instances_one_killed_then_a_third_joins(
         # Live input, and a third instance joins: B hands partitions over in a rebalance.
         live.start()
         procs["C"] = _start(tmp_path, cfgs["C"], "C")
-        held = lambda s: len(s["partitions"]) >= 1  # noqa: E731
-        held_by_c = _wait_for(status["C"], held, procs["C"], 120)["partitions"]
+        learning = lambda s: len(s["partitions"]) >= 1 and s["records"] > 0  # noqa: E731
+        held_by_c = _wait_for(status["C"], learning, procs["C"], 300)["partitions"]
+        assert live.is_alive(), "the third instance joined while the input was live"
+        stop_producing.set()
         live.join(timeout=120)
         assert not live.is_alive()
         for i in "BC":
@@ -173,7 +179,7 @@ def test_two_instances_one_killed_then_a_third_joins(
             assert f"resumed model {model}/p{k}," in text, (instance, k)
 
     sizes = _partition_sizes(bootstrap, names["input"])
-    assert sum(sizes.values()) == n and all(sizes.values())
+    assert sum(sizes.values()) == produced[0] and all(sizes.values())
     state = tmp_path / "state"
     everything = read_all(bootstrap, names["releases"])  # aborted transactions included
     contents: dict[tuple[str, int], set[bytes]] = {}
@@ -481,8 +487,7 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
     bootstrap = kafka_broker.bootstrap
     names = {**names_for(unique_name), "checkpoints": unique_name("checkpoints")}
     create_topic(bootstrap, names["input"], partitions=PARTITIONS)
-    n, first, rate = 40_000, 4_000, 500.0
-    values = [json.dumps(valid_record(i)).encode() for i in range(n)]
+    n, first, rate = 1_000_000, 4_000, 500.0  # live input until stopped (a slow machine too)
     stop_producing = threading.Event()
     produced = [0]
 
@@ -490,7 +495,7 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
         with KafkaSink(names["input"], bootstrap) as sink:
             start = time.monotonic()
             for i in range(lo, hi):
-                sink.send(f"record-{i}", values[i])
+                sink.send(f"record-{i}", json.dumps(valid_record(i)).encode())
                 produced[0] = i + 1
                 ahead = start + (i - lo + 1) / rate - time.monotonic()
                 if paced and ahead > 0 and stop_producing.wait(ahead):
@@ -561,3 +566,22 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
             if (homes[h][0] / "state" / f"p{k}" / "model.ckpt").exists()
         ]
         assert max(c.learner_state["t"] for c in ckpts) == sizes[k], (k, owner)
+
+
+def test_a_missing_input_topic_is_rc_4_in_one_line_and_never_created(
+    kafka_broker: KafkaBroker, unique_name, tmp_path
+):
+    """The single engine's start-up checks: subscribing to a missing topic would have the
+    broker create it, and the instance would idle out having learned nothing."""
+    bootstrap = kafka_broker.bootstrap
+    names = names_for(unique_name)
+    cfg = _config(tmp_path, bootstrap, names, "A")
+    proc = _start(tmp_path, cfg, "A")
+    assert proc.wait(timeout=120) == 4
+    lines = (tmp_path / "engine-A.log").read_text().strip().splitlines()
+    assert len(lines) == 1 and f"input topic {names['input']!r} does not exist" in lines[0], lines
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        assert names["input"] not in consumer.topics(), "the input topic was auto-created"
+    finally:
+        consumer.close()
