@@ -160,13 +160,14 @@ class Startup:
     # -- a checkpoint from the checkpoint topic -------------------------------------------------
     def _checkpoint_from_topic(self) -> None:
         """Put the learner's latest published checkpoint from the checkpoint topic in place,
-        unless the local checkpoint is as new.
+        unless the local checkpoint is newer.
 
         The topic is the source of truth and the state directory its cache: a partition that
         moved away and back finds its local checkpoint older than the topic's, which then
-        replaces it. A local checkpoint of the same run and a later cycle (written, not yet
-        published, when its process died) is kept and resumed; one of another run is kept
-        too and refused by the checks that follow, as is a damaged one.
+        replaces it (at the same cycle too: the published copy is the truth). A local
+        checkpoint of the same run and a later cycle (written, not yet published, when its
+        process died) is kept and resumed; one of another run is kept too and refused by the
+        checks that follow, as is a damaged one.
 
         The topic's checkpoint must be sealed under the learner's key (derived from the
         master secret), for its model id (``<model>/p<k>``: model and partition); its
@@ -209,11 +210,13 @@ class Startup:
                 candidate.unlink()
                 raise
             run, seq = published.meta.get("run_id"), int(published.meta.get("seq", -1))
-            if local.get("run_id") != run or int(local.get("seq", -1)) >= seq:
+            if local.get("run_id") != run or int(local.get("seq", -1)) > seq:
                 candidate.unlink()
                 return
+            # At the same cycle the published copy wins: a process that died before publishing
+            # its cycle may have ended it at other records than the one that published it.
             log.info("local checkpoint of %s (cycle %s) is older than the one in topic %s "
-                     "(cycle %d): replaced by it", model_id, local.get("seq"), topic,
+                     "(cycle %d) or as old: replaced by it", model_id, local.get("seq"), topic,
                      seq)  # fmt: skip
         candidate.replace(state.checkpoint)
         log.info("checkpoint of %s taken from topic %s", model_id, topic)
