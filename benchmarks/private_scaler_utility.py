@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             a_priv, m_priv = run_private(data, args.epsilon, seed, args.scaler_share)
         ledger = m_priv.accountant.ledger
         rho = {
-            name: sum(e.rho for e in ledger if e.mechanism == name)
+            name: sum(m_priv.accountant.cost(e) for e in ledger if e.mechanism == name)
             for name in ("gaussian-scaler", "gaussian")
         }
         pub.append(a_pub)

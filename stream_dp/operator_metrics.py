@@ -266,7 +266,7 @@ class OperatorMetrics:
                              self.horizon, self.share * budget.limit, KeyedNoise(0))  # fmt: skip
         out = {
             "noise": self.noise,
-            "rho": sums.event(0, MECHANISM).rho,
+            "rho": sums.charged_rho,
             "sigma": sums.sigma,
             "sensitivities": dict(zip(SERIES, sums.sensitivities.tolist(), strict=True)),
         }
@@ -318,7 +318,7 @@ class OperatorMetrics:
             "unknown_feature_rate": float(noisy[2] / step),
             "unknown_feature_rate_std": float(std[2] / step),
             "noise": self.noise,
-            "rho": sums.event(step, MECHANISM).rho,
+            "rho": sums.charged_rho,
         }
         self.latest = values
         return dict(values)

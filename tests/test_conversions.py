@@ -137,7 +137,7 @@ def test_ledger_composition_matches_dp_accounting() -> None:
     eps, delta = acc.spent()
     assert delta == 1e-6
     assert eps == pytest.approx(theirs.get_epsilon(1e-6), rel=1e-3)
-    assert acc.rho_spent() == pytest.approx(sum(e.rho for e in acc.ledger), rel=1e-15)
+    assert acc.rho_spent() == pytest.approx(sum(acc.cost(e) for e in acc.ledger), rel=1e-15)
 
 
 @pytest.mark.parametrize(

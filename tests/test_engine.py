@@ -758,8 +758,9 @@ def test_onpairmf_runs_in_the_engine_one_charge_a_release_every_step(tmp_path):
     assert [r["step"] for r in rel] == list(range(1, 151))
     assert {r["algorithm"] for r in rel} == {"OnPairMFAUC"}
     (charge,) = engine.learner.accountant.ledger  # one charge, before step 1
-    assert {r["rho_spent"] for r in rel} == {charge.rho}
-    assert engine.learner.budget.limit * (1 - 1e-8) <= charge.rho <= engine.learner.budget.limit
+    rho = engine.learner.accountant.cost(charge)
+    assert {r["rho_spent"] for r in rel} == {rho}
+    assert engine.learner.budget.limit * (1 - 1e-8) <= rho <= engine.learner.budget.limit
     last = ReleaseMessage.from_json(out.items[-1][1])
     assert np.array_equal(last.weights_array(), engine.learner.private_weights)
     text = dry_run(mf_config(tmp_path, horizon=150))

@@ -31,6 +31,7 @@ from stream_dp.privacy.budget import (
     budget_or_slice_from_dict,
     zcdp_budget,
 )
+from stream_dp.privacy.events import GaussianEvents
 
 N = 2 * CHUNK + 777  # two sealed chunks and an open one
 
@@ -83,13 +84,10 @@ def test_chunked_zcdp_ledger_is_the_list_of_its_events(strides, two) -> None:
     events = _zcdp_events(rng, strides=strides, two_mechs_every=two)
     acc = ZCDPAccountant(1e-5)
     for e in events:
-        if isinstance(e, GaussianEvent):
-            acc.compose_gaussian(e.step, e.sensitivity, e.sigma)
-        else:
-            acc.compose(e)
+        acc.compose(e)
     assert len(acc) == len(events) and len(acc.storage._store) == len(events) // CHUNK
     assert acc.ledger == tuple(events)
-    assert acc.rho_spent() == math.fsum(e.rho for e in events) and acc.verify()
+    assert acc.rho_spent() == math.fsum(acc.cost(e) for e in events) and acc.verify()
     _assert_columns_equal(acc.storage.columns(), _old_columns(events))
     restored = accountant_from_dict(acc.to_dict())
     assert restored.ledger == acc.ledger and restored._partials == acc._partials
@@ -99,7 +97,7 @@ def test_chunked_zcdp_ledger_is_the_list_of_its_events(strides, two) -> None:
 def test_a_gaussian_charge_costs_16_bytes_once_sealed() -> None:
     acc = ZCDPAccountant(1e-5)
     for t in range(1, 4 * CHUNK + 1):
-        acc.compose_gaussian(t, 0.01, 2.0)
+        acc.compose(GaussianEvent(t, 0.01, 2.0))
     assert acc.nbytes() <= 4 * CHUNK * 16 + 4 * 64  # one step run and one mechanism run each
     for (
         chunk
@@ -112,7 +110,7 @@ def test_replays_are_found_across_chunk_boundaries() -> None:
     """A step whose charges straddle a seal is found in both chunks; replays are free."""
     acc = ZCDPAccountant(1e-5)
     for t in range(1, CHUNK):  # CHUNK - 1 charges, then a step with two mechanisms
-        acc.compose_gaussian(t, 0.01, 2.0)
+        acc.compose(GaussianEvent(t, 0.01, 2.0))
     g = GaussianEvent(CHUNK, 0.02, 3.0)
     lap = LaplaceEvent(CHUNK, 0.001, 4.0)
     acc.compose(g)  # seals the first chunk
@@ -125,10 +123,10 @@ def test_replays_are_found_across_chunk_boundaries() -> None:
     assert acc.charged(CHUNK, "gaussian-approx") is None
     before = (len(acc), acc.rho_spent())
     assert acc.compose(g) == g and acc.compose(lap) == lap  # identical replays cost nothing
-    acc.compose_gaussian(5, 0.01, 2.0)  # an old step in a sealed chunk, replayed identically
+    acc.compose(GaussianEvent(5, 0.01, 2.0))  # an old step in a sealed chunk, replayed identically
     assert (len(acc), acc.rho_spent()) == before
     with pytest.raises(DoubleCharge):
-        acc.compose_gaussian(5, 0.01, 2.5)
+        acc.compose(GaussianEvent(5, 0.01, 2.5))
     with pytest.raises(DoubleCharge):
         acc.compose(LaplaceEvent(CHUNK, 0.002, 4.0))
     with pytest.raises(ValueError, match="step order"):
@@ -146,7 +144,7 @@ def test_pure_and_approx_ledgers_across_chunks() -> None:
         pure.compose(e)
         ref.append(e)
     assert pure.ledger == tuple(ref) and pure.verify()
-    assert pure.spent() == (math.fsum(e.epsilon for e in ref), 0.0)
+    assert pure.spent() == (math.fsum(pure.cost(e) for e in ref), 0.0)
     _assert_columns_equal(pure.storage.columns(), _old_columns(ref))
     assert accountant_from_dict(pure.to_dict()).ledger == pure.ledger
 
@@ -156,7 +154,8 @@ def test_pure_and_approx_ledgers_across_chunks() -> None:
         approx.compose(e)
         ref.append(e)
     assert approx.ledger == tuple(ref) and approx.verify()
-    assert approx.spent() == (math.fsum(e.epsilon for e in ref), math.fsum(e.delta for e in ref))
+    deltas = math.fsum(e.delta for e in ref)
+    assert approx.spent() == (math.fsum(approx.cost(e) for e in ref), deltas)
     _assert_columns_equal(approx.storage.columns(), _old_columns(ref))
     restored = accountant_from_dict(approx.to_dict())
     assert restored.ledger == approx.ledger and restored.spent() == approx.spent()
@@ -174,7 +173,7 @@ def test_old_format_dicts_still_load() -> None:
     for stored in ({"columns": _old_columns(events)}, {"events": [e.to_dict() for e in events]}):
         acc = accountant_from_dict({**old, **stored})
         assert acc.ledger == tuple(events) and acc.verify()
-        assert acc.rho_spent() == math.fsum(e.rho for e in events)
+        assert acc.rho_spent() == math.fsum(acc.cost(e) for e in events)
         _assert_columns_equal(acc.to_dict()["columns"], _old_columns(events))
 
 
@@ -275,8 +274,8 @@ def test_a_journaled_ledger_keeps_one_chunk_in_memory_and_reads_the_rest(tmp_pat
     for e in events:
         more.compose(e)
     for t in range(events[-1].step + 1, events[-1].step + CHUNK + 1):
-        restored.compose_gaussian(t, 0.01, 2.0)
-        more.compose_gaussian(t, 0.01, 2.0)
+        restored.compose(GaussianEvent(t, 0.01, 2.0))
+        more.compose(GaussianEvent(t, 0.01, 2.0))
     assert restored.ledger == more.ledger and restored.rho_spent() == more.rho_spent()
     # The row count per-record code reads is the ledger's length however rows arrived: one by
     # one, from columns, from the journal.
@@ -292,14 +291,14 @@ def test_journal_longer_than_its_checkpoint_is_truncated(tmp_path) -> None:
     size = os.path.getsize(tmp_path / "m.ledger")
     last = events[-1].step
     for t in range(last + 1, last + 2 * CHUNK):
-        acc.compose_gaussian(t, 0.01, 2.0)
+        acc.compose(GaussianEvent(t, 0.01, 2.0))
     acc.storage.close()  # "crash": the journal holds chunks the checkpoint never saw
     assert os.path.getsize(tmp_path / "m.ledger") > size
     restored = accountant_from_dict(state)
     assert os.path.getsize(tmp_path / "m.ledger") == size
     assert restored.ledger == tuple(events)
     for t in range(last + 1, last + 2 * CHUNK):  # the replay
-        restored.compose_gaussian(t, 0.01, 2.0)
+        restored.compose(GaussianEvent(t, 0.01, 2.0))
     assert restored.ledger == acc.ledger and restored.rho_spent() == acc.rho_spent()
     restored.storage.close()
 
@@ -347,7 +346,7 @@ def test_a_build_without_journals_refuses_a_journaled_state(tmp_path) -> None:
 def test_open_journal_writes_the_chunks_already_sealed(tmp_path) -> None:
     acc = ZCDPAccountant(1e-5)
     for t in range(1, N):
-        acc.compose_gaussian(t, 0.01, 2.0)
+        acc.compose(GaussianEvent(t, 0.01, 2.0))
     ledger, total = acc.ledger, acc.rho_spent()
     acc.storage.open_journal(tmp_path / "late.ledger")
     assert len(acc.storage.journal) == (N - 1) // CHUNK and acc.ledger == ledger
@@ -371,65 +370,74 @@ def test_an_accountant_composes_everything_and_the_budget_refuses() -> None:
     with pytest.raises(BudgetExhausted):
         budget.charge(GaussianEvent(1, 100.0, 1.0))
     with pytest.raises(BudgetExhausted):
-        budget.charge_gaussian(1, 100.0, 1.0)
+        budget.charge(GaussianEvents(np.array([1]), np.array([100.0]), np.array([1.0])))
     assert (len(budget.accountant), budget.accountant.rho_spent()) == before
     ok = GaussianEvent(2, 0.1, 10.0)
     assert budget.charge(ok) == ok and budget.charge(ok) == ok  # a replay is free
     assert len(budget.accountant) == 1 and budget.remaining() < budget.limit
 
 
-def test_charge_gaussian_is_charge_of_the_event_bit_for_bit():
-    """The budget's event-free fast charge leaves exactly the ledger ``charge`` leaves."""
+def test_a_batch_charge_is_its_events_charged_one_by_one_bit_for_bit():
+    """The batch form leaves exactly the ledger, the partials and the refusals of its events
+    charged one at a time (a replay among them is free, a different release refused)."""
     rng = np.random.default_rng(5)
-    fast, slow = zcdp_budget(1.0, 1e-5), zcdp_budget(1.0, 1e-5)
-    for t in range(1, 400):
-        sens, sigma = float(rng.uniform(0, 0.1)), float(rng.uniform(1, 30))
-        fast.charge_gaussian(t, sens, sigma)
-        slow.charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
-    assert fast.accountant.ledger == slow.accountant.ledger
-    assert fast.accountant.rho_spent() == slow.accountant.rho_spent() and fast.accountant.verify()
-    ev = fast.accountant.ledger[-1]
-    fast.charge_gaussian(ev.step, ev.sensitivity, ev.sigma)  # an identical replay: free
-    assert len(fast.accountant) == len(slow.accountant)
+    batched, single = zcdp_budget(1.0, 1e-5), zcdp_budget(1.0, 1e-5)
+    t = 0
+    for size in (1, 7, 300, 2, 90):
+        steps = np.arange(t + 1, t + size + 1)
+        t += size
+        sens, sigma = rng.uniform(0, 0.1, size), rng.uniform(1, 30, size)
+        batched.charge(GaussianEvents(steps, sens, sigma))
+        for e in GaussianEvents(steps, sens, sigma).events():
+            single.charge(e)
+    a, b = batched.accountant, single.accountant
+    assert a.ledger == b.ledger and a._partials == b._partials and a.verify()
+    ev = a.ledger[-1]
+    again = GaussianEvents(np.array([ev.step]), np.array([ev.sensitivity]), np.array([ev.sigma]))
+    batched.charge(again)  # an identical replay: free
+    assert len(a) == len(b)
     with pytest.raises(DoubleCharge):
-        fast.charge_gaussian(ev.step, ev.sensitivity, ev.sigma * 2)
+        batched.charge(again._replace(sigmas=again.sigmas * 2))
     with pytest.raises(ValueError):
-        fast.charge_gaussian(ev.step + 1, float("nan"), 1.0)
-    with pytest.raises(BudgetExhausted):
-        fast.charge_gaussian(ev.step + 1, 100.0, 1.0)
-    assert fast.accountant.ledger == slow.accountant.ledger
+        batched.charge(GaussianEvents(np.array([t + 1]), np.array([np.nan]), np.array([1.0])))
+    with pytest.raises(BudgetExhausted):  # refused whole: the first would fit, both do not
+        batched.charge(GaussianEvents(np.array([t + 1, t + 2]), np.array([1e-3, 100.0]),
+                                      np.ones(2)))  # fmt: skip
+    with pytest.raises(ValueError):
+        single.charge(GaussianEvent(t + 1, float("nan"), 1.0))
+    assert a.ledger == b.ledger
 
 
-def test_charge_gaussian_refuses_exactly_where_charge_refuses_after_many_pending_costs():
-    """Thousands of charges (costs folded in batches), then the budget's edge: the event-free
-    path and ``charge`` accept and refuse the same charges and end with the same partials."""
+def test_a_charge_is_refused_exactly_where_the_exact_sum_passes_the_limit():
+    """Thousands of charges (costs folded in batches), then the budget's edge: every charge is
+    accepted or refused as the correctly rounded sum of every accepted cost says, whatever the
+    float shortcut far from the limit, and the partials are those of that sum."""
     rng = np.random.default_rng(9)
-    fast, slow = zcdp_budget(1.0, 1e-5), zcdp_budget(1.0, 1e-5)
-    per = fast.limit / 3000.0  # 3000 equal-cost charges use up the budget
+    budget = zcdp_budget(1.0, 1e-5)
+    per = budget.limit / 3000.0  # 3000 equal-cost charges use up the budget
+    accepted: list[float] = []
     for t in range(1, 4000):
         sens = float(rng.uniform(0.5, 1.5))
         sigma = sens / math.sqrt(2.0 * per) * float(rng.choice([1.0, 1.0 + 1e-12, 1.0 - 1e-12]))
-        outcomes = []
-        for fast_path in (True, False):
-            try:
-                if fast_path:
-                    fast.charge_gaussian(t, sens, sigma)
-                else:
-                    slow.charge(GaussianEvent(step=t, sensitivity=sens, sigma=sigma))
-                outcomes.append(True)
-            except BudgetExhausted:
-                outcomes.append(False)
-        assert outcomes[0] == outcomes[1], f"step {t}: {outcomes}"
-    a, b = fast.accountant, slow.accountant
-    assert len(a) == len(b) < 3999  # the edge was reached
-    assert a._partials == b._partials and a.rho_spent() == b.rho_spent()
-    assert a.rho_spent() <= fast.limit and a.ledger == b.ledger and a.verify()
+        cost = sens**2 / (2.0 * sigma**2)
+        fits = math.fsum([*accepted, cost]) <= budget.limit
+        try:
+            budget.charge(GaussianEvent(t, sens, sigma))
+            charged = True
+        except BudgetExhausted:
+            charged = False
+        assert charged == fits, f"step {t}"
+        if fits:
+            accepted.append(cost)
+    acc = budget.accountant
+    assert len(acc) == len(accepted) < 3999  # the edge was reached
+    assert acc.rho_spent() == math.fsum(accepted) <= budget.limit and acc.verify()
 
 
 def test_a_budget_round_trips_and_refuses_a_ledger_above_it() -> None:
     budget = zcdp_budget(2.0, 1e-6, "paper")
     for t in range(1, 50):
-        budget.charge_gaussian(t, 0.01, 1.0)
+        budget.charge(GaussianEvent(t, 0.01, 1.0))
     back = budget_from_dict(budget.to_dict())
     assert (back.limit, back.epsilon, back.delta) == (budget.limit, 2.0, 1e-6)
     assert back.accountant.ledger == budget.accountant.ledger
@@ -452,14 +460,14 @@ def test_slices_share_one_ledger_and_each_keeps_to_its_share() -> None:
     per = budget.limit / 100
     sigma = 1.0 / math.sqrt(2 * per)  # each charge costs 1% of the budget
     for t in range(1, 26):  # the same steps under two names: no double charge
-        scaler.charge_gaussian(t, 1.0, sigma)
-        model.charge_gaussian(t, 1.0, sigma)
+        scaler.charge(GaussianEvent(t, 1.0, sigma, "gaussian-scaler"))
+        model.charge(GaussianEvent(t, 1.0, sigma))
     with pytest.raises(BudgetExhausted, match="share"):
-        scaler.charge_gaussian(26, 1.0, sigma)  # its 25 % are spent
+        scaler.charge(GaussianEvent(26, 1.0, sigma, "gaussian-scaler"))  # its 25 % are spent
     for t in range(26, 76):
-        model.charge_gaussian(t, 1.0, sigma)
+        model.charge(GaussianEvent(t, 1.0, sigma))
     with pytest.raises(BudgetExhausted):
-        model.charge_gaussian(76, 1.0, sigma)
+        model.charge(GaussianEvent(76, 1.0, sigma))
     acc = budget.accountant
     assert len(acc) == 100 and acc.rho_spent() <= budget.limit
     assert sum(e.mechanism == "gaussian-scaler" for e in acc.ledger) == 25
@@ -484,7 +492,8 @@ def test_a_learner_spends_only_its_share_and_leaves_the_rest_to_others() -> None
         full.learn_one(x, y)
         part.learn_one(x, y)
         if t % 40 == 0:
-            scaler.charge_gaussian(t, 1.0, 1.0 / math.sqrt(2 * scaler.limit / 3.001))
+            sigma = 1.0 / math.sqrt(2 * scaler.limit / 3.001)
+            scaler.charge(GaussianEvent(t, 1.0, sigma, "gaussian-scaler"))
     ledger = part.accountant.ledger
     releases = [e for e in ledger if e.mechanism == "gaussian"]
     assert len(releases) == full.n_releases and sum(e.mechanism != "gaussian" for e in ledger) == 3

@@ -21,6 +21,7 @@ from stream_dp.operator_metrics import (
     penalty_term_range,
 )
 from stream_dp.privacy import continual
+from stream_dp.privacy.accountant import ZCDPAccountant
 from stream_dp.privacy.blt import BLT
 from stream_dp.privacy.continual import ContinualSums, series_sensitivity
 from stream_dp.privacy.factorizations import BinaryTree
@@ -49,7 +50,7 @@ def test_sigma_is_the_gaussian_formula_for_sqrt_k(kind: str) -> None:
     assert sums.sigma == pytest.approx(math.sqrt(3) / math.sqrt(2 * rho), rel=1e-8)
     assert sums.sigma == gaussian_sigma_zcdp(math.sqrt(3), rho * (1 - 1e-9))
     event = sums.event(5, MECHANISM)
-    assert rho * (1 - 1e-8) <= event.rho <= rho
+    assert rho * (1 - 1e-8) <= ZCDPAccountant(1e-5).cost(event) == sums.charged_rho <= rho
 
 
 class _HalvedNoise(ContinualSums):
@@ -267,8 +268,9 @@ def test_one_charge_within_its_share_and_the_value_is_sum_plus_noise() -> None:
     assert len(charges) == 1 and charges[0].step == 50
     assert charges[0].sensitivity == math.sqrt(3)
     limit = model.budget.limit
-    assert sum(e.rho for e in charges) <= share * limit
-    assert sum(e.rho for e in ledger if e.mechanism == "gaussian") <= (1 - share) * limit
+    cost = model.accountant.cost
+    assert sum(map(cost, charges)) <= share * limit
+    assert sum(cost(e) for e in ledger if e.mechanism == "gaussian") <= (1 - share) * limit
     assert model.accountant.rho_spent() <= limit
     assert model.metrics == m and first["step"] == 50
 

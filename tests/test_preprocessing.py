@@ -217,7 +217,8 @@ def test_the_ledger_holds_both_charges_within_their_shares() -> None:
         model.learn_one(x, y)
     acc = model.accountant
     limit = model.budget.limit
-    by = {m: sum(e.rho for e in acc.ledger if e.mechanism == m) for m in ("gaussian", MECHANISM)}
+    by = {m: sum(acc.cost(e) for e in acc.ledger if e.mechanism == m)
+          for m in ("gaussian", MECHANISM)}  # fmt: skip
     assert by[MECHANISM] > 0 and by["gaussian"] > 0
     assert by[MECHANISM] <= 0.2 * limit * (1 + 1e-12)
     assert by["gaussian"] <= 0.8 * limit * (1 + 1e-12)

@@ -180,7 +180,7 @@ class CorrelatedNoiseMechanism(Mechanism):
             return f"no noise (not private); {mf.factorization.name} factorization unused"
         return (
             f"correlated Gaussian gradient noise ({mf.factorization.name}): "
-            f"Δ={mf.sensitivity:.4g}, σ={mf.sigma:.4g}, one charge ρ={mf.event(1).rho:.4g} for "
+            f"Δ={mf.sensitivity:.4g}, σ={mf.sigma:.4g}, one charge ρ={mf.charged_rho:.4g} for "
             "the whole stream"
         )
 

@@ -296,7 +296,7 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         out = [{
             "step": 1, "mechanism": MECHANISM_NAME, "factorization": mf.factorization.name,
             "sensitivity": mf.sensitivity, "sigma": mf.sigma,
-            "rho": mf.event(1).rho if mf.private else 0.0, "covers": self.horizon,
+            "rho": mf.charged_rho if mf.private else 0.0, "covers": self.horizon,
         }]  # fmt: skip
         n = NOMINAL_HORIZON if self.horizon is None else int(self.horizon)
         for t in steps or sorted({1, max(1, n // 4), max(1, n // 2), n}):

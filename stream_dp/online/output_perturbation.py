@@ -25,7 +25,7 @@ import numpy as np
 from stream_dp.huai import huai_sensitivity, is_release_step
 from stream_dp.online.mechanism import Mechanism, register, restore_budget
 from stream_dp.privacy.budget import BudgetExhausted, BudgetSlice, PrivacyBudget
-from stream_dp.privacy.events import gaussian_rho
+from stream_dp.privacy.events import GaussianEvent, GaussianEvents, gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
 from stream_dp.privacy.schedules import Schedule, schedule_from_dict
@@ -129,7 +129,7 @@ class OutputPerturbation(Mechanism):
         sens = self.sensitivity(t)
         sigma = release_sigma(sens, rho)
         try:
-            self.budget.charge_gaussian(t, sens, sigma)
+            self.budget.charge(GaussianEvent(t, sens, sigma))
         except BudgetExhausted as exc:
             self._refuse(t, str(exc))
             return None
@@ -196,17 +196,15 @@ class OutputPerturbation(Mechanism):
     def commit(self, steps: np.ndarray, sens: np.ndarray, sigmas: np.ndarray) -> None:
         """Charge the releases the fast path made (all certainly affordable: see
         :meth:`certain`)."""
-        charge = self.budget.charge_gaussian
         if len(steps) == 1:
             self.commit_one(int(steps[0]), float(sens[0]), float(sigmas[0]))
             return
-        for t, s, g in zip(steps.tolist(), sens.tolist(), sigmas.tolist(), strict=True):
-            charge(t, s, g)
+        self.budget.charge(GaussianEvents(steps, sens, sigmas))
         self._charged(float(sens[-1]), float(sigmas[-1]), len(steps))
 
     def commit_one(self, step: int, sens: float, sigma: float) -> None:
         """:meth:`commit` of one release."""
-        self.budget.charge_gaussian(step, sens, sigma)
+        self.budget.charge(GaussianEvent(step, sens, sigma))
         self._charged(sens, sigma)
 
     # -- reporting and checkpoints ------------------------------------------------------------

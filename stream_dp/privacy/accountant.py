@@ -1,15 +1,24 @@
-"""Accountants compose privacy events: the privacy spent is a sum over the ledger, never a counter.
+"""Accountants read privacy events and compose them: the privacy spent is a sum over the ledger.
 
-Modelled on Google's ``dp_accounting``: an accountant interprets events (:mod:`.events`) and
-composes them — ``compose(event)``, ``spent()`` — and that is all. It keeps every event in its
-:class:`~.ledger.Ledger` and the exact (Shewchuk) partial sums of their costs, which are rebuilt
-from the ledger on load and checked by :meth:`verify`. It never refuses a charge for the budget:
-enforcing a budget is :class:`stream_dp.privacy.budget.PrivacyBudget`'s job.
+Modelled on Google's ``dp_accounting``: events (:mod:`.events`) are parameter records; an
+accountant says which kinds it reads (:meth:`Accountant.supports`), what one event costs in its
+currency (:meth:`Accountant.cost`: ρ for zCDP, ε for pure DP, ε and δ for basic (ε, δ)
+composition), composes events (:meth:`Accountant.compose`, also for the batch form
+:class:`~.events.GaussianEvents`) and reports the guarantee (``spent()``). It keeps every event
+in its :class:`~.ledger.Ledger` and the exact (Shewchuk) partial sums of their costs, which are
+rebuilt from the ledger on load and checked by :meth:`Accountant.verify`. It never refuses a
+charge for the budget: enforcing a budget is :class:`stream_dp.privacy.budget.PrivacyBudget`'s
+job.
 
 Every released value is composed exactly once, keyed by ``(step, mechanism)``. Composing the same
 event again (a replay after a crash re-publishes the identical release, ``docs/privacy.md``,
 *Keyed noise and replay*) is free; a *different* event for an already charged step is refused
 with :class:`DoubleCharge`, because two independent noisy releases of one iterate cost twice.
+
+Another accounting of the same events is a subclass of :class:`Accountant` that names the kinds
+it reads (``events``), the cost of each (``gaussian_cost``, ``laplace_cost``, ``approx_cost``:
+costs that add up under composition) and ``spent()``; storage, replays, exact sums and
+checkpoints come with the base class.
 
 """
 
@@ -20,18 +29,21 @@ from collections.abc import Iterable
 
 from stream_dp.privacy.conversions import Conversion, epsilon_from_rho
 from stream_dp.privacy.events import (
+    GAUSSIAN_MECHANISMS,
     ApproxDPEvent,
     Event,
     GaussianEvent,
+    GaussianEvents,
     LaplaceEvent,
     NeighbouringRelation,
     event_from_dict,
     gaussian_rho,
 )
 from stream_dp.privacy.journal import JournalError
-from stream_dp.privacy.ledger import APPROX, GAUSSIAN_CODES, Ledger, event_of
+from stream_dp.privacy.ledger import APPROX, GAUSSIAN_CODES, LAPLACE, Ledger
 
 __all__ = [
+    "Accountant",
     "ApproxDPAccountant",
     "DoubleCharge",
     "JournalError",
@@ -40,18 +52,26 @@ __all__ = [
     "accountant_from_dict",
 ]
 
-_FOLD_EVERY = 1024  # costs composed fast are folded into the exact partials in batches of this
+_FOLD_EVERY = 1024  # costs composed are folded into the exact partials in batches of this
+_INF = math.inf
+_GAUSSIAN_NAMES = frozenset(GAUSSIAN_MECHANISMS)
 
 
 class DoubleCharge(RuntimeError):
     """A step was charged twice with different events (two independent releases of one step)."""
 
 
-class _Accountant:
-    """Composition over a ledger; subclasses say what an event costs."""
+def _invalid(event) -> ValueError:
+    return ValueError(f"not a valid release: {event!r}")
 
-    _kinds: tuple[type, ...] = ()
-    _kind = ""  # the "kind" of to_dict()
+
+class Accountant:
+    """Composition over a ledger; a subclass says which events it reads and what each costs."""
+
+    #: The ledger kind this accountant writes (checkpoints and journals record it).
+    kind = ""
+    #: The event kinds it reads (:class:`~.events.GaussianEvents` is read as its rows).
+    events: tuple[type, ...] = ()
     #: The neighbouring relation every composed event is calibrated for.
     neighbouring_relation = NeighbouringRelation.REPLACE_ONE
     #: False when the charges were made with a guessable (reproducible) seed: the arithmetic is
@@ -60,27 +80,89 @@ class _Accountant:
 
     def __init__(self) -> None:
         #: Every composed event (storage: chunks in memory or in a journal).
-        self.storage = Ledger(self._kind)
+        self.storage = Ledger(self.kind)
         # Shewchuk partials of the exact sum of the costs: fsum(partials) equals the fsum of
         # every event's cost bit for bit, at O(1) amortised cost per event. Not a second
         # counter: rebuilt from the ledger on load and checked by verify().
         self._exact: list[float] = []
-        # Costs composed by compose_gaussian and not yet folded into the partials (at most
-        # _FOLD_EVERY, in composition order), and their plain float sum.
+        # Costs composed and not yet folded into the partials (at most _FOLD_EVERY, in
+        # composition order), and their plain float sum.
         self._pending: list[float] = []
         self._pending_sum = 0.0
         self._dpartials: list[float] = []  # the same for the δ of (ε, δ) events
 
-    # -- composition ----------------------------------------------------------------------------
-    def supports(self, event: Event) -> bool:
-        return isinstance(event, self._kinds)
+    # -- reading events -------------------------------------------------------------------------
+    def supports(self, event: Event | GaussianEvents) -> bool:
+        """Whether this accountant reads events of ``event``'s kind."""
+        kind = GaussianEvent if type(event) is GaussianEvents else type(event)
+        return kind in self.events
 
-    def cost(self, event: Event) -> float:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def gaussian_cost(self, sensitivity: float, sigma: float) -> float:
+        """The cost of a Gaussian release (Δ, σ); a subclass that reads them defines it."""
+        raise TypeError(f"{type(self).__name__} cannot compose GaussianEvent")
+
+    def laplace_cost(self, sensitivity: float, scale: float) -> float:
+        """The cost of a Laplace release (Δ₁, b); a subclass that reads them defines it."""
+        raise TypeError(f"{type(self).__name__} cannot compose LaplaceEvent")
+
+    def approx_cost(self, epsilon: float, delta: float) -> float:
+        """The cost of an (ε, δ) release; a subclass that reads them defines it."""
+        raise TypeError(f"{type(self).__name__} cannot compose ApproxDPEvent")
+
+    def cost(self, event: Event) -> float:
+        """What one event costs in this accountant's currency, its parameters checked first.
+
+        Raises ``TypeError`` for a kind it does not read and ``ValueError`` for parameters that
+        describe no release (a negative or infinite sensitivity, σ ≤ 0, an unknown name).
+        """
+        kind = type(event)
+        if kind is GaussianEvent:  # one per record on the per-record path: kept lean
+            step, sens, sigma, name = event
+            if not (0.0 <= sens < _INF and sigma > 0.0 and name in _GAUSSIAN_NAMES) or (
+                type(step) is not int
+            ):
+                raise _invalid(event)
+            return self.gaussian_cost(sens, sigma)
+        if kind is LaplaceEvent:
+            step, sens, scale, name = event
+            if not (0.0 <= sens < _INF and scale > 0.0 and name == "laplace") or (
+                type(step) is not int
+            ):
+                raise _invalid(event)
+            return self.laplace_cost(sens, scale)
+        if kind is ApproxDPEvent:
+            if event.mechanism != "gaussian-approx" or type(event.step) is not int:
+                raise _invalid(event)
+            return self.approx_cost(event.epsilon, event.delta)
+        raise TypeError(f"{type(self).__name__} cannot compose {kind.__name__}")
+
+    def costs(self, batch: GaussianEvents) -> list[float]:
+        """The cost of each release of a batch, in order (its parameters checked first)."""
+        if GaussianEvent not in self.events:
+            raise TypeError(f"{type(self).__name__} cannot compose GaussianEvents")
+        sens, sigmas = batch.sensitivities.tolist(), batch.sigmas.tolist()
+        steps = batch.steps
+        if (
+            batch.mechanism not in _GAUSSIAN_NAMES
+            or not len(steps) == len(sens) == len(sigmas)
+            or not all(0.0 <= s < _INF for s in sens)
+            or not all(g > 0.0 for g in sigmas)
+            or getattr(steps, "dtype", None) is None
+            or steps.dtype.kind not in "iu"
+            or (len(steps) > 1 and bool((steps[1:] < steps[:-1]).any()))
+        ):
+            raise ValueError(f"not a valid batch of releases under {batch.mechanism!r}")
+        cost = self.gaussian_cost
+        return [cost(s, g) for s, g in zip(sens, sigmas, strict=True)]
 
     def _row_cost(self, code: int, sens: float, scale: float, eps: float, delta: float) -> float:
-        return self.cost(event_of(0, code, sens, scale, eps, delta))
+        if code in GAUSSIAN_CODES:
+            return self.gaussian_cost(sens, scale)
+        if code == LAPLACE:
+            return self.laplace_cost(sens, scale)
+        return self.approx_cost(eps, delta)
 
+    # -- composition ----------------------------------------------------------------------------
     def replayed(self, event: Event) -> Event | None:
         """The identical event already composed for the same step (a replay), else None.
 
@@ -92,7 +174,7 @@ class _Accountant:
             return None
         previous = self.storage.charged(event.step, event.mechanism)
         if previous is not None:
-            if previous == event:
+            if previous == event and type(previous) is type(event):
                 return previous
             raise DoubleCharge(
                 f"step {event.step} was already charged with {previous}; refusing {event}"
@@ -103,18 +185,42 @@ class _Accountant:
             )
         return None
 
-    def compose(self, event: Event) -> Event:
-        """Compose one release (idempotent for an identical replay of the same step)."""
-        if not self.supports(event):
-            raise TypeError(f"{type(self).__name__} cannot compose {type(event).__name__}")
+    def compose(self, event: Event | GaussianEvents) -> Event | GaussianEvents:
+        """Compose one release, or a batch (idempotent for an identical replay of a step)."""
+        if type(event) is GaussianEvents:
+            costs = self.costs(event)
+            if len(event.steps) and event.steps[0] > self.storage.last_step:
+                self.record(event, costs)
+            else:  # a replay among them: one by one, each decided as compose decides it
+                for one in event.events():
+                    self.compose(one)
+            return event
+        cost = self.cost(event)
         previous = self.replayed(event)
         if previous is not None:
             return previous
-        self.storage.append(event)
-        self._grow(self._partials, self.cost(event))
-        if isinstance(event, ApproxDPEvent):
-            self._grow(self._dpartials, float(event.delta))
+        self.record(event, cost)
         return event
+
+    def record(self, event: Event | GaussianEvents, cost: float | list[float]) -> None:
+        """Store an event (a batch: with the list of its costs) that :meth:`cost` has read and
+        :meth:`replayed` found new, and add its cost to the exact total; what :meth:`compose`
+        does after its checks, and what a budget does once it has accepted a charge."""
+        self.storage.append(event)
+        pending = self._pending
+        if type(cost) is list:
+            pending.extend(cost)
+            total = self._pending_sum
+            for c in cost:
+                total += c
+            self._pending_sum = total
+        else:
+            pending.append(cost)
+            self._pending_sum += cost
+            if type(event) is ApproxDPEvent:
+                self._grow(self._dpartials, float(event.delta))
+        if len(pending) >= _FOLD_EVERY:
+            self._fold()
 
     # -- totals ---------------------------------------------------------------------------------
     @property
@@ -192,7 +298,7 @@ class _Accountant:
             for chunk in self.storage.restore_journal(d["journal"]):
                 self._add_rows(chunk.rows())
         if "columns" in d:
-            cols = self.storage.extend(d["columns"], self._kinds)
+            cols = self.storage.extend(d["columns"], self.events)
             if cols is not None:
                 self._add_columns(cols)
         else:  # the list-of-dicts form (older checkpoints, hand-written ledgers)
@@ -218,11 +324,13 @@ class _Accountant:
         self._add_rows((0, *r) for r in rows)
 
 
-class ZCDPAccountant(_Accountant):
+class ZCDPAccountant(Accountant):
     """Composes Gaussian (and Laplace) releases in zero-concentrated DP; reports (ε, δ).
 
-    ρ-zCDP composes additively (Bun & Steinke 2016, Lemma 2.3); ``spent()`` converts the total
-    with ``conversion`` at the accountant's δ (:mod:`stream_dp.privacy.conversions`).
+    A Gaussian release costs ``ρ = Δ²/(2σ²)`` (Bun & Steinke 2016, Prop. 1.6), a Laplace one
+    ``ε²/2`` with ``ε = Δ₁/b`` (pure ε-DP implies (ε²/2)-zCDP, Prop. 1.4); ρ-zCDP composes
+    additively (Lemma 2.3), and ``spent()`` converts the total with ``conversion`` at the
+    accountant's δ (:mod:`stream_dp.privacy.conversions`).
 
     Parameters
     ----------
@@ -235,16 +343,17 @@ class ZCDPAccountant(_Accountant):
     --------
     >>> acc = ZCDPAccountant(delta=1e-5)
     >>> _ = acc.compose(GaussianEvent(step=1, sensitivity=0.1, sigma=1.0))
-    >>> round(acc.rho_spent(), 12)
-    0.005
+    >>> round(acc.rho_spent(), 12), acc.cost(GaussianEvent(2, 1.0, 2.0))
+    (0.005, 0.125)
     >>> eps, delta = acc.spent()
     >>> 0 < eps < 1.0, delta
     (True, 1e-05)
 
     """
 
-    _kinds = (GaussianEvent, LaplaceEvent)
-    _kind = "zcdp"
+    kind = "zcdp"
+    events = (GaussianEvent, LaplaceEvent)
+    gaussian_cost = staticmethod(gaussian_rho)
 
     def __init__(self, delta: float, conversion: Conversion = "tight") -> None:
         super().__init__()
@@ -253,47 +362,8 @@ class ZCDPAccountant(_Accountant):
         self.delta = float(delta)
         self.conversion = conversion
 
-    def cost(self, event: Event) -> float:
-        return event.rho
-
-    def _row_cost(self, code: int, sens: float, scale: float, eps: float, delta: float) -> float:
-        if code in GAUSSIAN_CODES:
-            return gaussian_rho(sens, scale)
-        return super()._row_cost(code, sens, scale, eps, delta)
-
-    def compose_gaussian(
-        self, step: int, sensitivity: float, sigma: float, mechanism: str = "gaussian"
-    ) -> None:
-        """``compose(GaussianEvent(step, sensitivity, sigma, mechanism))`` without the event.
-
-        The one-release-per-record path: a new step with valid values is appended directly —
-        the same columns, the same cost ``Δ²/(2σ²)`` and the same partials as :meth:`compose`,
-        bit for bit. Anything else (a replay, a step out of order, invalid values) goes through
-        :meth:`compose`, which decides and raises.
-
-        Examples
-        --------
-        >>> acc = ZCDPAccountant(delta=1e-5)
-        >>> acc.compose_gaussian(1, 0.1, 1.0)
-        >>> acc.ledger == (GaussianEvent(step=1, sensitivity=0.1, sigma=1.0),)
-        True
-
-        """
-        if (
-            type(step) is not int
-            or step <= self.storage.last_step
-            or not (0.0 <= sensitivity < math.inf and sigma > 0.0)
-            or mechanism != "gaussian"
-        ):
-            self.compose(GaussianEvent(step, sensitivity, sigma, mechanism))
-            return
-        self.storage.append_gaussian(step, sensitivity, sigma)
-        cost = gaussian_rho(sensitivity, sigma)
-        pending = self._pending
-        pending.append(cost)
-        self._pending_sum += cost
-        if len(pending) >= _FOLD_EVERY:
-            self._fold()
+    def laplace_cost(self, sensitivity: float, scale: float) -> float:
+        return (sensitivity / scale) ** 2 / 2.0
 
     def rho_spent(self) -> float:
         """Σρ over the ledger (math.fsum: correctly rounded)."""
@@ -315,8 +385,8 @@ class ZCDPAccountant(_Accountant):
         )
 
 
-class PureDPAccountant(_Accountant):
-    """Composes pure ε-DP (Laplace) releases; composition adds ε.
+class PureDPAccountant(Accountant):
+    """Composes pure ε-DP (Laplace) releases: one costs ``ε = Δ₁/b``, and composition adds ε.
 
     Examples
     --------
@@ -327,11 +397,11 @@ class PureDPAccountant(_Accountant):
 
     """
 
-    _kinds = (LaplaceEvent,)
-    _kind = "pure"
+    kind = "pure"
+    events = (LaplaceEvent,)
 
-    def cost(self, event: Event) -> float:
-        return event.epsilon
+    def laplace_cost(self, sensitivity: float, scale: float) -> float:
+        return sensitivity / scale
 
     def epsilon_spent(self) -> float:
         return self.total()
@@ -346,14 +416,14 @@ class PureDPAccountant(_Accountant):
         return f"PureDPAccountant(ε spent={self.total():.4g})"
 
 
-class ApproxDPAccountant(_Accountant):
+class ApproxDPAccountant(Accountant):
     """Composes releases calibrated directly to (ε, δ), by basic composition (ε and δ add)."""
 
-    _kinds = (ApproxDPEvent,)
-    _kind = "approx"
+    kind = "approx"
+    events = (ApproxDPEvent,)
 
-    def cost(self, event: Event) -> float:
-        return event.epsilon
+    def approx_cost(self, epsilon: float, delta: float) -> float:
+        return epsilon
 
     def delta_spent(self, extra: Iterable[float] = ()) -> float:
         return math.fsum([*self._dpartials, *extra])

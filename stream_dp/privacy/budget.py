@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 
 from stream_dp.privacy.accountant import (
+    Accountant,
     ApproxDPAccountant,
     PureDPAccountant,
     ZCDPAccountant,
     accountant_from_dict,
 )
 from stream_dp.privacy.conversions import Conversion, rho_from_epsilon
-from stream_dp.privacy.events import ApproxDPEvent, Event, GaussianEvent, gaussian_rho
+from stream_dp.privacy.events import ApproxDPEvent, Event, GaussianEvents
 
 __all__ = [
     "BudgetExhausted",
@@ -72,7 +73,7 @@ class PrivacyBudget:
 
     def __init__(
         self,
-        accountant: ZCDPAccountant | PureDPAccountant | ApproxDPAccountant,
+        accountant: Accountant,
         limit: float,
         epsilon: float,
         delta: float = 0.0,
@@ -82,6 +83,7 @@ class PrivacyBudget:
             raise ValueError(f"a budget limit must be positive and finite, got {limit!r}")
         self.accountant = accountant
         self.limit = float(limit)
+        self._clearly_below = self.limit * _CLEARLY_BELOW
         self.epsilon = float(epsilon)
         self.delta = float(delta)
         self.delta_limit = delta_limit
@@ -101,44 +103,51 @@ class PrivacyBudget:
         """Whether one more charge of ``cost`` keeps the exact total within the limit."""
         return self.accountant.total([cost]) <= self.limit
 
-    def charge(self, event: Event) -> Event:
-        """Compose ``event`` if the budget allows it (a replay always does); else raise
-        :class:`BudgetExhausted` and leave the ledger untouched."""
+    def charge(self, event: Event | GaussianEvents) -> Event | GaussianEvents:
+        """Compose ``event`` (or a batch) if the budget allows it — a replay always does; else
+        raise :class:`BudgetExhausted` and leave the ledger untouched (a batch is refused
+        whole).
+
+        Far below the limit a float test with a 1e-9 margin decides; near it, the exact sum
+        does, so a charge is refused exactly when the exact total would pass the limit.
+        """
         acc = self.accountant
-        if not acc.supports(event):
-            raise TypeError(f"{type(acc).__name__} cannot compose {type(event).__name__}")
-        previous = acc.replayed(event)
-        if previous is not None:
-            return previous
+        if type(event) is GaussianEvents:
+            return self._charge_batch(event)
         cost = acc.cost(event)
-        if not self.can_afford(cost):
-            raise BudgetExhausted(
-                f"release at step {event.step} costs {cost:.3g} but only "
-                f"{self.remaining():.3g} of the budget remains"
-            )
-        if isinstance(event, ApproxDPEvent) and self.delta_limit is not None:
+        if not event.step > acc.storage.last_step:
+            previous = acc.replayed(event)
+            if previous is not None:
+                return previous
+        if not acc.approximate_total() + cost <= self._clearly_below:
+            if not acc.total([cost]) <= self.limit:
+                raise BudgetExhausted(
+                    f"release at step {event.step} costs {cost:.3g} but only "
+                    f"{self.remaining():.3g} of the budget remains"
+                )
+        if type(event) is ApproxDPEvent and self.delta_limit is not None:
             deltas = acc.delta_spent([event.delta])
             if deltas > self.delta_limit:
                 raise BudgetExhausted(f"δ budget {self.delta_limit} would be exceeded ({deltas})")
-        return acc.compose(event)
+        acc.record(event, cost)
+        return event
 
-    def charge_gaussian(
-        self, step: int, sensitivity: float, sigma: float, mechanism: str = "gaussian"
-    ) -> None:
-        """:meth:`charge` of ``GaussianEvent(step, sensitivity, sigma, mechanism)`` without
-        building it.
-
-        Far below the limit a float test with a 1e-9 margin decides; near it, the exact test
-        does — so it refuses exactly where :meth:`charge` refuses (``tests/test_ledger.py``).
-        """
+    def _charge_batch(self, batch: GaussianEvents) -> GaussianEvents:
         acc = self.accountant
-        cost = gaussian_rho(sensitivity, sigma)
-        if not (acc.approximate_total() + cost <= self.limit * _CLEARLY_BELOW) and not (
-            acc.total([cost]) <= self.limit
-        ):
-            self.charge(GaussianEvent(step, sensitivity, sigma, mechanism))
-            return
-        acc.compose_gaussian(step, sensitivity, sigma, mechanism)
+        costs = acc.costs(batch)
+        if not costs:
+            return batch
+        if not batch.steps[0] > acc.storage.last_step:  # a replay among them: one by one
+            for event in batch.events():
+                self.charge(event)
+            return batch
+        if not acc.total(costs) <= self.limit:
+            raise BudgetExhausted(
+                f"releases at steps {batch.steps[0]}…{batch.steps[-1]} cost {sum(costs):.3g} "
+                f"but only {self.remaining():.3g} of the budget remains"
+            )
+        acc.record(batch, costs)
+        return batch
 
     def slice(self, share: float, mechanism: str) -> BudgetSlice:
         """A ``share`` of this budget for the component charging under ``mechanism``."""
@@ -176,7 +185,8 @@ class BudgetSlice:
     --------
     >>> budget = zcdp_budget(epsilon=4.0, delta=1e-5)
     >>> scaler = budget.slice(0.1, "gaussian-scaler")
-    >>> scaler.charge(GaussianEvent(1, 1.0, 40.0, "gaussian-scaler")).rho <= scaler.limit
+    >>> event = scaler.charge(GaussianEvent(1, 1.0, 40.0, "gaussian-scaler"))
+    >>> budget.accountant.cost(event) <= scaler.limit
     True
     >>> scaler.charge(GaussianEvent(2, 1.0, 1.0, "gaussian-scaler"))
     Traceback (most recent call last):
@@ -211,26 +221,34 @@ class BudgetSlice:
     def can_afford(self, cost: float) -> bool:
         return self._own.total([cost]) <= self.limit and self.parent.can_afford(cost)
 
-    def charge(self, event: Event) -> Event:
+    def charge(self, event: Event | GaussianEvents) -> Event | GaussianEvents:
+        """:meth:`PrivacyBudget.charge` within this component's share (and the whole budget)."""
         if event.mechanism != self.mechanism:
             raise ValueError(f"this share charges {self.mechanism!r}, not {event.mechanism!r}")
-        previous = self.accountant.replayed(event)
-        if previous is not None:
-            return previous
-        cost = self.accountant.cost(event)
-        if not self._own.total([cost]) <= self.limit:
+        acc = self.accountant
+        if type(event) is GaussianEvents:
+            costs = acc.costs(event)
+            if not costs:
+                return event
+            if not event.steps[0] > acc.storage.last_step:  # a replay among them
+                for one in event.events():
+                    self.charge(one)
+                return event
+            first = event.steps[0]
+        else:
+            costs = [acc.cost(event)]
+            first = event.step
+            previous = acc.replayed(event)
+            if previous is not None:
+                return previous
+        if not self._own.total(costs) <= self.limit:
             raise BudgetExhausted(
-                f"release at step {event.step} costs {cost:.3g} but only "
+                f"release at step {first} costs {math.fsum(costs):.3g} but only "
                 f"{self.remaining():.3g} of this component's share remains"
             )
         charged = self.parent.charge(event)
         self._own.compose(event)
         return charged
-
-    def charge_gaussian(
-        self, step: int, sensitivity: float, sigma: float, mechanism: str | None = None
-    ) -> None:
-        self.charge(GaussianEvent(step, sensitivity, sigma, mechanism or self.mechanism))
 
     def certain_charges(self, cost: float) -> int:
         if not cost > 0:

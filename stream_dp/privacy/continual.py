@@ -43,7 +43,7 @@ import numpy as np
 
 from stream_dp.privacy.blt import BLT
 from stream_dp.privacy.correlated_noise import CorrelatedNoise, standard_rows, tree_node_counters
-from stream_dp.privacy.events import GaussianEvent
+from stream_dp.privacy.events import GaussianEvent, gaussian_rho
 from stream_dp.privacy.factorizations import BinaryTree, Factorization
 from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
 from stream_dp.privacy.noise import KeyedNoise
@@ -133,7 +133,7 @@ class ContinualSums:
     >>> from stream_dp.privacy.factorizations import BinaryTree
     >>> sums = ContinualSums(BinaryTree(), [[1.0], [1.0]], horizon=64, rho=0.5,
     ...                      keyed=KeyedNoise(secret=3, model_id="m"))
-    >>> round(sums.sigma, 6), sums.event(5, "gaussian-metrics").rho <= 0.5
+    >>> round(sums.sigma, 6), sums.charged_rho <= 0.5
     (1.414214, True)
     >>> a = sums.release(10, np.array([4.0, 1.0]))
     >>> b = ContinualSums(BinaryTree(), [[1.0], [1.0]], 64, 0.5, KeyedNoise(3, "m"))
@@ -183,6 +183,11 @@ class ContinualSums:
     def joint_sensitivity(self) -> float:
         """``√k``: each series is scaled to sensitivity 1 before noise."""
         return math.sqrt(self.size)
+
+    @property
+    def charged_rho(self) -> float:
+        """The zCDP cost ``Δ²/(2σ²)`` of the mechanism's one charge (just under ``rho``)."""
+        return gaussian_rho(self.joint_sensitivity, self.sigma)
 
     def event(self, step: int, mechanism: str) -> GaussianEvent:
         """The one ledger event of the whole mechanism (charge it before the first release)."""

@@ -1,24 +1,34 @@
-"""Privacy events: small immutable records of one released value each.
+"""Privacy events: frozen parameter records of what was released, and with what noise.
 
-Modelled on Google's ``dp_accounting``: an event says *what* was released and with what noise;
-an accountant (:mod:`stream_dp.privacy.accountant`) only composes events. Each event knows its
-own cost, so the ledger never stores a number that is not derivable from the mechanism.
+Modelled on Google's ``dp_accounting``: an event holds the parameters of one release — its step,
+the mechanism name it is charged under, its sensitivity and noise scale — and computes nothing.
+What a release *costs* is an accountant's reading of those parameters
+(:mod:`stream_dp.privacy.accountant`: ρ for zCDP, ε for pure DP), so the ledger stores only
+parameters and every cost is derived again from them.
+
+A release at every record makes an event the one object built per record, so events are
+``NamedTuple`` s (the cheapest immutable record Python builds). :class:`GaussianEvents` is the
+batch form of :class:`GaussianEvent`: the releases of a run of steps as columns, charged in one
+call and stored row by row exactly as the single events would be.
 
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import math
+from typing import NamedTuple
+
+import numpy as np
 
 __all__ = [
     "ApproxDPEvent",
     "Event",
-    "GaussianEvent",
-    "LaplaceEvent",
     "GAUSSIAN_MECHANISMS",
+    "GaussianEvent",
+    "GaussianEvents",
+    "LaplaceEvent",
     "NeighbouringRelation",
+    "event_from_dict",
     "gaussian_rho",
 ]
 
@@ -48,8 +58,8 @@ class NeighbouringRelation(enum.Enum):
 def gaussian_rho(sensitivity: float, sigma: float) -> float:
     """The zCDP cost ``Δ²/(2σ²)`` of one Gaussian release (Bun & Steinke 2016, Prop. 1.6).
 
-    The one expression every Gaussian cost is computed with (events, ledger rows, the
-    event-free charge), so all of them agree bit for bit.
+    The one expression every Gaussian cost is computed with (the accountant's reading of an
+    event, of a stored ledger row, a calibration's check), so all of them agree bit for bit.
 
     Examples
     --------
@@ -60,16 +70,14 @@ def gaussian_rho(sensitivity: float, sigma: float) -> float:
     return sensitivity**2 / (2.0 * sigma**2)
 
 
-@dataclasses.dataclass(frozen=True)
-class GaussianEvent:
+class GaussianEvent(NamedTuple):
     """One Gaussian release: ℓ2 sensitivity Δ, noise std σ per coordinate.
-
-    Its zCDP cost is ``ρ = Δ² / (2σ²)`` (Bun & Steinke 2016, Prop. 1.6).
 
     Examples
     --------
-    >>> GaussianEvent(step=3, sensitivity=1.0, sigma=2.0).rho
-    0.125
+    >>> event = GaussianEvent(step=3, sensitivity=1.0, sigma=2.0)
+    >>> event.sigma, event.to_dict()["mechanism"]
+    (2.0, 'gaussian')
 
     """
 
@@ -78,57 +86,63 @@ class GaussianEvent:
     sigma: float
     mechanism: str = "gaussian"
 
-    def __post_init__(self) -> None:
-        if not (self.sensitivity >= 0 and math.isfinite(self.sensitivity)):
-            raise ValueError(f"sensitivity must be finite and >= 0, got {self.sensitivity!r}")
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {self.sigma!r}")
-        if self.mechanism not in GAUSSIAN_MECHANISMS:
-            raise ValueError(f"a Gaussian mechanism is one of {GAUSSIAN_MECHANISMS}, got "
-                             f"{self.mechanism!r}")  # fmt: skip
-
-    @property
-    def rho(self) -> float:
-        return gaussian_rho(self.sensitivity, self.sigma)
-
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "rho": self.rho}
+        return self._asdict()
 
 
-@dataclasses.dataclass(frozen=True)
-class LaplaceEvent:
-    """One Laplace release: ℓ1 sensitivity Δ₁, scale b per coordinate; pure ``ε = Δ₁ / b``."""
+class GaussianEvents(NamedTuple):
+    """Gaussian releases at non-decreasing steps, all under one mechanism name, as columns.
+
+    The batch form of :class:`GaussianEvent` (a run of compiled steps reports its releases this
+    way): charged in one call, it leaves the ledger, the totals and the refusals that charging
+    :meth:`events` one by one would leave, except that a batch the budget cannot pay for in full
+    is refused whole.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> batch = GaussianEvents(np.array([4, 5]), np.array([0.5, 0.4]), np.array([2.0, 2.0]))
+    >>> batch.events()[1]
+    GaussianEvent(step=5, sensitivity=0.4, sigma=2.0, mechanism='gaussian')
+
+    """
+
+    steps: np.ndarray
+    sensitivities: np.ndarray
+    sigmas: np.ndarray
+    mechanism: str = "gaussian"
+
+    def events(self) -> list[GaussianEvent]:
+        """The releases one by one."""
+        rows = zip(self.steps.tolist(), self.sensitivities.tolist(), self.sigmas.tolist(),
+                   strict=True)  # fmt: skip
+        return [GaussianEvent(t, s, g, self.mechanism) for t, s, g in rows]
+
+
+class LaplaceEvent(NamedTuple):
+    """One Laplace release: ℓ1 sensitivity Δ₁, scale b per coordinate.
+
+    Examples
+    --------
+    >>> LaplaceEvent(step=1, sensitivity=1.0, scale=4.0).scale
+    4.0
+
+    """
 
     step: int
     sensitivity: float
     scale: float
     mechanism: str = "laplace"
 
-    def __post_init__(self) -> None:
-        if not (self.sensitivity >= 0 and math.isfinite(self.sensitivity)):
-            raise ValueError(f"sensitivity must be finite and >= 0, got {self.sensitivity!r}")
-        if not self.scale > 0:
-            raise ValueError(f"scale must be > 0, got {self.scale!r}")
-
-    @property
-    def epsilon(self) -> float:
-        return self.sensitivity / self.scale
-
-    @property
-    def rho(self) -> float:
-        # ε-DP implies (ε²/2)-zCDP (Bun & Steinke 2016, Prop. 1.4).
-        return self.epsilon**2 / 2.0
-
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "epsilon": self.epsilon}
+        return self._asdict()
 
 
-@dataclasses.dataclass(frozen=True)
-class ApproxDPEvent:
+class ApproxDPEvent(NamedTuple):
     """A release calibrated directly to (ε, δ)-DP (e.g. the classic ``√(2 ln(1.25/δ))`` Gaussian).
 
-    Offline algorithms whose papers state their guarantee this way record it as is; such events
-    compose by basic composition (ε and δ add).
+    Offline algorithms whose papers state their guarantee this way record it as is: ε and δ are
+    parameters of the release here, and such events compose by basic composition.
     """
 
     step: int
@@ -139,18 +153,19 @@ class ApproxDPEvent:
     mechanism: str = "gaussian-approx"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return self._asdict()
 
 
 Event = GaussianEvent | LaplaceEvent | ApproxDPEvent
 
 
 def event_from_dict(d: dict) -> Event:
-    """Inverse of ``to_dict`` (used by checkpoints)."""
+    """Inverse of ``to_dict`` (checkpoints that hold a list of events; a stored cost, which older
+    checkpoints wrote beside the parameters, is dropped: it is derived again)."""
     d = dict(d)
     mech = d.get("mechanism")
     d.pop("rho", None)
-    if mech == "gaussian":
+    if mech in GAUSSIAN_MECHANISMS:
         return GaussianEvent(**d)
     if mech == "laplace":
         d.pop("epsilon", None)
@@ -158,6 +173,3 @@ def event_from_dict(d: dict) -> Event:
     if mech == "gaussian-approx":
         return ApproxDPEvent(**d)
     raise ValueError(f"unknown mechanism in ledger entry: {mech!r}")
-
-
-__all__ += ["event_from_dict"]

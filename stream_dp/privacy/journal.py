@@ -70,11 +70,12 @@ class Journal:
     --------
     >>> import os, tempfile
     >>> from stream_dp.privacy.accountant import ZCDPAccountant, accountant_from_dict
+    >>> from stream_dp.privacy.events import GaussianEvent
     >>> acc = ZCDPAccountant(delta=1e-5)
     >>> path = os.path.join(tempfile.mkdtemp(), "model.ledger")
     >>> acc.storage.open_journal(path)
     >>> for t in range(1, 20_001):
-    ...     acc.compose_gaussian(t, 0.1, 1.0)
+    ...     _ = acc.compose(GaussianEvent(t, 0.1, 1.0))
     >>> len(acc.storage.journal), acc.nbytes()  # two sealed chunks on disk; 3,616 in memory
     (2, 90432)
     >>> state = acc.to_dict()  # the journal's reference and the open chunk

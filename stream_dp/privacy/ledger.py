@@ -29,6 +29,7 @@ from stream_dp.privacy.events import (
     ApproxDPEvent,
     Event,
     GaussianEvent,
+    GaussianEvents,
     LaplaceEvent,
 )
 from stream_dp.privacy.journal import Journal, JournalError
@@ -123,33 +124,46 @@ class Ledger:
         self._lasts.append(chunk.last)
         self._open()
 
-    def append(self, event: Event) -> None:
-        """Store one event (its step must not be below :attr:`last_step`; not checked here)."""
-        step = int(event.step)
-        if isinstance(event, ApproxDPEvent):
+    def append(self, event: Event | GaussianEvents) -> None:
+        """Store one event, or the rows of a batch (steps not below :attr:`last_step`; the
+        accountant checks that before)."""
+        kind = type(event)
+        if kind is GaussianEvents:
+            self._extend_gaussian(event)
+            return
+        if kind is ApproxDPEvent:
             self._sp_idx.append(len(self._steps))
             self._sp_eps.append(float(event.epsilon))
             self._sp_delta.append(float(event.delta))
+        # Every kind starts with (step, sensitivity, σ or scale) and ends with its name.
+        step = event[0]
         self._steps.append(step)
-        self._mech.append(MECHANISM_CODES[event.mechanism])
-        self._sens.append(float(event.sensitivity))
-        scale = event.sigma if isinstance(event, GaussianEvent) else event.scale
-        self._scale.append(float(scale))
+        self._mech.append(MECHANISM_CODES[event[-1]])
+        self._sens.append(event[1])
+        self._scale.append(event[2])
         self.last_step = step
         self.n_rows += 1
         if len(self._steps) == CHUNK:
             self._seal()
 
-    def append_gaussian(self, step: int, sensitivity: float, sigma: float, code: int = 0) -> None:
-        """:meth:`append` of a Gaussian event (mechanism ``code``) without building it."""
-        self._steps.append(step)
-        self._mech.append(code)
-        self._sens.append(sensitivity)
-        self._scale.append(sigma)
-        self.last_step = step
-        self.n_rows += 1
-        if len(self._steps) == CHUNK:
-            self._seal()
+    def _extend_gaussian(self, batch: GaussianEvents) -> None:
+        code = MECHANISM_CODES[batch.mechanism]
+        steps = np.asarray(batch.steps, dtype=np.int64)
+        sens = np.asarray(batch.sensitivities, dtype=np.float64)
+        sigmas = np.asarray(batch.sigmas, dtype=np.float64)
+        n, i = len(steps), 0
+        while i < n:  # fill the open chunk and seal it as often as needed
+            j = min(n, i + CHUNK - len(self._steps))
+            self._steps.frombytes(steps[i:j].tobytes())
+            self._mech.frombytes(bytes([code]) * (j - i))
+            self._sens.frombytes(sens[i:j].tobytes())
+            self._scale.frombytes(sigmas[i:j].tobytes())
+            i = j
+            if len(self._steps) == CHUNK:
+                self._seal()
+        if n:
+            self.n_rows += n
+            self.last_step = int(steps[-1])
 
     # -- reading --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -266,7 +280,7 @@ class Ledger:
         if not np.isin(raw_mech, codes).all():
             raise ValueError("stored ledger holds mechanisms its accountant cannot compose")
         mech = raw_mech.astype(np.int8)
-        # The events' own checks (GaussianEvent/LaplaceEvent.__post_init__), vectorised.
+        # The checks of an event's parameters (Accountant.cost), vectorised.
         plain = mech != APPROX
         ok = (sens >= 0) & np.isfinite(sens) & (scale > 0)
         if not ok[plain].all():

@@ -28,7 +28,7 @@ import numpy as np
 
 from stream_dp.privacy.blt import BLT
 from stream_dp.privacy.correlated_noise import CorrelatedNoise
-from stream_dp.privacy.events import GaussianEvent
+from stream_dp.privacy.events import GaussianEvent, gaussian_rho
 from stream_dp.privacy.factorizations import (
     BinaryTree,
     Factorization,
@@ -99,7 +99,7 @@ class MFMechanism:
     >>> from stream_dp.privacy.influence import PairTermBounds, window_pattern
     >>> u = window_pattern(4, 4, PairTermBounds(1.0, 1.0))
     >>> m = MFMechanism(Independent(), u, horizon=10, rho=0.5, size=3)
-    >>> round(m.sensitivity, 6), round(m.sigma, 6), m.event(1).rho <= 0.5
+    >>> round(m.sensitivity, 6), round(m.sigma, 6), m.charged_rho <= 0.5
     (1.118034, 1.118034, True)
 
     """
@@ -127,6 +127,11 @@ class MFMechanism:
     @property
     def private(self) -> bool:
         return self.sigma > 0
+
+    @property
+    def charged_rho(self) -> float:
+        """The zCDP cost ``Δ²/(2σ²)`` of the stream's one charge (just under ``rho``)."""
+        return gaussian_rho(self.sensitivity, self.sigma)
 
     def event(self, step: int) -> GaussianEvent:
         """The ledger event: one Gaussian mechanism with (Δ, σ), charged at ``step`` under the
@@ -161,7 +166,7 @@ class MFMechanism:
             "horizon": self.horizon,
             "sensitivity": self.sensitivity,
             "sigma": self.sigma,
-            "rho": self.event(1).rho if self.private else 0.0,
+            "rho": self.charged_rho if self.private else 0.0,
             "influence_l1": float(self.pattern.sum()),
             "influence_steps": int(len(self.pattern)),
         }

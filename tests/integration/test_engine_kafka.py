@@ -315,7 +315,7 @@ def test_sigkill_three_times_loses_nothing(
     if journal:
         assert OnPairStrC.ledger_state(ckpt.learner_state)["kind"] == "journal:zcdp"
     events = ledger.ledger
-    assert math.fsum(e.rho for e in events) == ledger.rho_spent() == final.rho_spent
+    assert math.fsum(ledger.cost(e) for e in events) == ledger.rho_spent() == final.rho_spent
     assert len({e.step for e in events}) == len(events), "a step was charged twice"
     if algorithm == "OnPairMF":
         assert len(events) == 1 and events[0].mechanism == "gaussian-correlated"
