@@ -618,19 +618,23 @@ def test_the_ring_serves_what_its_state_says_after_pushes_it_was_not_told_of() -
 
 
 @pytest.mark.parametrize(
-    "make",
+    "make, arrays",
     [
-        lambda: OnPairStrC(task="auc", epsilon=1.0, features=D, buffer=16, seed=1,
-                           reproducible=True, warmup=3),
-        lambda: OnPairMF(task="auc", epsilon=1.0, features=D, buffer=16, seed=1,
-                         reproducible=True),
-        lambda: PairwiseGIGA(task="auc", features=D, buffer=16),
+        (lambda: OnPairStrC(task="auc", epsilon=1.0, features=D, buffer=16, seed=1,
+                            reproducible=True, warmup=3),
+         lambda m: [(m.mechanism.tracker, "state"), (m.mechanism.tracker, "slot_bound")]),
+        (lambda: OnPairMF(task="auc", epsilon=1.0, features=D, buffer=16, seed=1,
+                          reproducible=True),
+         lambda m: [(m.mechanism, "block"), (m.mechanism, "average")]),
+        (lambda: PairwiseGIGA(task="auc", features=D, buffer=16), lambda m: []),
     ],
     ids=["output", "correlated", "none"],
 )  # fmt: skip
-def test_the_struct_is_rebuilt_when_any_source_is_replaced(make) -> None:
-    """``FastPath._state``'s quick identity chain must cover every array of ``_sources_now``:
-    for each one, a struct held for another array is rebuilt (never served stale)."""
+def test_the_struct_is_rebuilt_when_any_source_is_replaced(make, arrays) -> None:
+    """``FastPath._state``'s quick identity chain must cover every learner array of
+    ``_sources_now``, and a mechanism must notice when an array its settings record holds is
+    replaced (``CompiledMechanism.stale``): for each one, a struct held for another array is
+    rebuilt (never served stale)."""
     if not _jit.NUMBA_INSTALLED:
         pytest.skip("numba is not installed")
     X, y = _stream(0, "auc", n=40)
@@ -639,7 +643,7 @@ def test_the_struct_is_rebuilt_when_any_source_is_replaced(make) -> None:
         for row, label in zip(X, _labels(y), strict=True):
             m.learn_one(_dict(row), label)
     fast = m._fast
-    assert fast is not None and fast._quick
+    assert fast is not None
     struct = fast._state()
     held = fast._sources
     assert fast._state() is struct  # nothing replaced: the quick chain accepts it
@@ -648,4 +652,11 @@ def test_the_struct_is_rebuilt_when_any_source_is_replaced(make) -> None:
         rebuilt = fast._state()
         assert rebuilt is not struct, f"source {i} of _sources_now is not checked"
         assert all(a is b for a, b in zip(fast._sources, held, strict=True))
+        struct = rebuilt
+    for owner, name in arrays(m):
+        setattr(owner, name, getattr(owner, name).copy())  # as if its owner replaced it
+        assert fast.available(m.step, 1) == 1
+        rebuilt = fast._state()
+        assert rebuilt is not struct, f"the mechanism's {name} is not checked"
+        assert fast._state() is rebuilt
         struct = rebuilt

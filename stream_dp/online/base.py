@@ -129,10 +129,11 @@ class PairwiseLearner(base.Estimator):
     def _on_bind(self) -> None:
         """Draw what depends on d and the secret only (OnPairC's centre)."""
 
-    def _bind(self) -> None:
+    def _bind(self, fast: bool = True) -> None:
         self._on_bind()
         self._state.bind(self._input.schema.dim)
-        self._fast = FastPath.build(self._state)
+        if fast:
+            self._fast = FastPath.build(self._state)
 
     # -- what the learner is ----------------------------------------------------------------------
     @property
@@ -295,7 +296,7 @@ class PairwiseLearner(base.Estimator):
         if not s.exhausted or not self.__dict__.get("_warned"):
             s.exhausted = True
             self._warned = True
-            why = getattr(s.mechanism, "exhausted_why", None) or "the budget is spent"
+            why = s.mechanism.exhausted_why or "the budget is spent"
             warnings.warn(
                 f"{type(self).__name__} is exhausted at step {s.t + 1} ({why}); it keeps "
                 f"serving its release of step {self.release_step} and learns nothing more",
@@ -405,11 +406,13 @@ class PairwiseLearner(base.Estimator):
         s.w = None
         self._fast = None
         if state["w"] is not None:
-            self._bind()
+            self._bind(fast=False)
             s.w[:] = np.asarray(state["w"], dtype=float).reshape(-1)
             s.ring.load_state_dict(state["ring"])
         s.buffer.load_state_dict(state["buffer"])
         s.mechanism.load_state_dict(state["mechanism"])
+        if s.w is not None:  # built on the loaded arrays
+            self._fast = FastPath.build(s)
         s.exhausted = bool(state["exhausted"])
         s.regret.cumulative, s.regret.steps = state["regret"]
         self.n_rejected = int(state["n_rejected"])
@@ -426,15 +429,12 @@ class PairwiseLearner(base.Estimator):
     def nbytes(self) -> dict[str, int]:
         """Bytes held by the learner's arrays: ``buffer`` (O(s·d), or O(n·d) for ``all``),
         ``state`` (iterate and release ring), ``regret`` (records kept by ``keep_history``),
-        ``ledger`` (one charge per release, ~16 bytes each unless journaled)."""
+        and the mechanism's (:meth:`Mechanism.nbytes`: its ``ledger``, one charge per release,
+        ~16 bytes each unless journaled, and a sensitivity ``tracker``)."""
         s = self._state
         state = 0 if s.w is None else s.w.nbytes + s.ring.rows.nbytes
         out = {"buffer": s.buffer.nbytes(), "state": state, "regret": s.regret.nbytes()}
-        budget = getattr(s.mechanism, "budget", None)
-        if budget is not None:
-            out["ledger"] = budget.accountant.nbytes()
-            out["tracker"] = s.mechanism.tracker.slot_bound.nbytes
-        return out
+        return {**out, **s.mechanism.nbytes()}
 
     # -- regret (operator-only) -------------------------------------------------------------------
     def best_fixed_comparator(self, **kwargs) -> tuple[np.ndarray, float, bool]:

@@ -12,22 +12,32 @@ average of the iterates released at every step (Shamir and Zhang, ICML 2013), ar
 post-processing and free. Derivation: ``docs/privacy.md`` (*Correlated noise*).
 
 Noise rows are computed a block at a time (they never depend on data) into one array that both
-the reference step (a row per step) and the compiled fast path (a run of rows) read, so both
-add the same rows. The recurrence state at the next step to learn goes into checkpoints.
+the reference step (a row per step) and the compiled fast path (a run of rows, through
+:class:`CorrelatedNoiseSettings`) read, so both add the same rows. The recurrence state at the
+next step to learn goes into checkpoints.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 
 from stream_dp._jit import jitable
-from stream_dp.online.mechanism import Mechanism, register, restore_budget
+from stream_dp.buffers import Buffer
+from stream_dp.online.mechanism import (
+    CompiledMechanism,
+    Mechanism,
+    compiled_hooks,
+    restore_budget,
+)
 from stream_dp.privacy.budget import BudgetExhausted, BudgetSlice, PrivacyBudget
 from stream_dp.privacy.correlated_noise import block_rows
 from stream_dp.privacy.mf import MFMechanism
 from stream_dp.privacy.noise import KeyedNoise
 
-__all__ = ["CorrelatedNoiseMechanism", "average_update"]
+__all__ = ["CorrelatedNoiseMechanism", "CorrelatedNoiseSettings", "average_update"]
 
 
 @jitable
@@ -51,7 +61,6 @@ def average_update(avg, w, t, kappa):
         avg[i] = avg[i] + rate * (w[i] - avg[i])
 
 
-@register
 class CorrelatedNoiseMechanism(Mechanism):
     """Correlated Gaussian noise on the gradients; the release is the iterates' average.
 
@@ -71,7 +80,6 @@ class CorrelatedNoiseMechanism(Mechanism):
     """
 
     name = "correlated-noise"
-    kind = "gradient"
     warmup = 0
     project_release = False  # an average of points of the convex set C is in C
 
@@ -166,12 +174,14 @@ class CorrelatedNoiseMechanism(Mechanism):
         return self.average.copy()
 
     def ran(self, t: int) -> None:
-        """The fast path took the steps up to t (it updated :attr:`average` in place)."""
+        """The compiled code took the steps up to t (it updated :attr:`average` in place)."""
         self.t = t
 
-    def fast_settings(self):
-        """The compiled path reads the rows of :attr:`block`; the learner's keyed noise only."""
-        return self if type(self.noise) is KeyedNoise else None
+    def compiled(
+        self, buffer: Buffer, step_size: Callable[[int], float], rows: int
+    ) -> _Compiled | None:
+        """The compiled code reads the rows of :attr:`block`; the learner's keyed noise only."""
+        return _Compiled(self) if type(self.noise) is KeyedNoise else None
 
     # -- reporting and checkpoints ------------------------------------------------------------
     def describe(self) -> str:
@@ -183,6 +193,9 @@ class CorrelatedNoiseMechanism(Mechanism):
             f"Δ={mf.sensitivity:.4g}, σ={mf.sigma:.4g}, one charge ρ={mf.charged_rho:.4g} for "
             "the whole stream"
         )
+
+    def nbytes(self) -> dict[str, int]:
+        return {} if self.budget is None else {"ledger": self.budget.accountant.nbytes()}
 
     def state_dict(self) -> dict:
         bound = hasattr(self, "stream")
@@ -210,3 +223,69 @@ class CorrelatedNoiseMechanism(Mechanism):
             if state["noise"] is not None:
                 self.stream.load_state_dict(state["noise"])
             self.block_first, self.block_count = self.stream.position, 0
+
+
+# -- the compiled side ----------------------------------------------------------------------------
+class CorrelatedNoiseSettings(NamedTuple):
+    """What the compiled step needs of :class:`CorrelatedNoiseMechanism` (arrays shared)."""
+
+    #: ``σ·(M·Z)_t`` for the steps ``first[0] …`` (no rows: a noise-free run).
+    rows: np.ndarray
+    first: np.ndarray
+    #: The released average (updated in place) and its κ; κ < 0 releases the last iterate.
+    average: np.ndarray
+    kappa: float
+    #: An empty row: the gradient noise of a noise-free run.
+    none: np.ndarray
+
+
+def _gradient_noise(s, t):  # pragma: no cover - compiled
+    if s.rows.shape[0] > 0:
+        return s.rows[t - s.first[0]]
+    return s.none
+
+
+def _release(s, t, w, sensitivity):  # pragma: no cover - compiled
+    if s.kappa >= 0.0:
+        average_update(s.average, w, t, s.kappa)
+        return s.average
+    return w
+
+
+compiled_hooks(
+    CorrelatedNoiseSettings,
+    releases_at=lambda s, t: True,
+    gradient_noise=_gradient_noise,
+    release=_release,
+)
+
+
+class _Compiled(CompiledMechanism):
+    """Runs within the horizon and the block of noise rows computed for them."""
+
+    def __init__(self, mech: CorrelatedNoiseMechanism) -> None:
+        self.mech = mech
+        self.first = np.ones(1, dtype=np.int64)
+        self._held: tuple = ()  # the mechanism's arrays the settings hold
+
+    def settings(self) -> CorrelatedNoiseSettings:
+        mech = self.mech
+        kappa = -1.0 if mech.averaging is None else float(mech.averaging)
+        self._held = (mech.block, mech.average)
+        self.stale = False
+        return CorrelatedNoiseSettings(mech.block, self.first, mech.average, kappa, np.zeros(0))
+
+    def steps(self, t0: int, m: int) -> int:
+        mech = self.mech
+        held = self._held
+        if held and (mech.block is not held[0] or mech.average is not held[1]):
+            self.stale = True  # rebound, or replaced
+        if mech.horizon is not None:
+            m = min(m, int(mech.horizon) - t0)
+        if mech.private and m > 0:
+            m = min(m, mech.ensure_block(t0 + 1))
+        self.first[0] = mech.block_first
+        return max(m, 0)
+
+    def ran(self, t0: int, m: int) -> None:
+        self.mech.ran(t0 + m)

@@ -9,41 +9,47 @@ projected update, buffer — and asks its mechanism the rest. A mechanism
   buffered — to know the sensitivity of what it releases (:meth:`Mechanism.observe`);
 - may add noise to the gradient (:meth:`Mechanism.gradient_noise`: correlated-noise mechanisms)
   and perturbs, charges and returns each released model (:meth:`Mechanism.release`), or refuses
-  it when the budget is spent (the learner is then exhausted);
-- optionally describes itself to the compiled fast path (:meth:`Mechanism.fast_settings`);
-  without that, its learners take the reference step, which is correct but slower.
+  it when the budget is spent (the learner is then exhausted).
 
-Adding a mechanism is adding a module with a subclass and registering it with
-:func:`register` (``docs/design.md``, *Adding a mechanism*, walks through output perturbation
-as the example). Everything a mechanism draws is keyed by the learner's secret through its
-:class:`~stream_dp.privacy.noise.KeyedNoise`, so a replayed step reproduces its release.
+That is all the reference step (:mod:`stream_dp.online.reference`) needs. The compiled fast path
+(:mod:`stream_dp.online.fast`) runs the same steps for runs of records and needs the same
+answers from compiled code: a mechanism that wants it returns its :class:`CompiledMechanism`
+from :meth:`Mechanism.compiled` — a *settings record* (a ``NamedTuple`` of the mechanism's
+constants and the arrays its compiled hooks work on), whose type selects the *compiled hooks*
+registered for it with :func:`compiled_hooks`, and the Python calls around a compiled run
+(how many steps it may take, what to charge after it). The fast path knows no mechanism by name:
+it calls the hooks on whatever record it is given. Without a compiled side the learner takes
+the reference step, which is correct, only slower.
+
+Adding a mechanism is adding a module with a subclass (``docs/design.md``, *Adding a mechanism*,
+walks through output perturbation). Everything a mechanism draws is keyed by the learner's secret
+through its :class:`~stream_dp.privacy.noise.KeyedNoise`, so a replayed step reproduces its
+release.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
 import numpy as np
 
+from stream_dp._jit import NUMBA_INSTALLED, numba
+from stream_dp.buffers import Buffer
 from stream_dp.privacy.noise import KeyedNoise
 
-__all__ = ["Mechanism", "Unperturbed", "mechanism_class", "register", "restore_budget"]
-
-_REGISTRY: dict[str, type[Mechanism]] = {}
-
-
-def register(cls: type[Mechanism]) -> type[Mechanism]:
-    """Class decorator: make a mechanism known by its ``name`` (:func:`mechanism_class`)."""
-    if not cls.name or cls.name in _REGISTRY:
-        raise ValueError(f"a mechanism needs a new, non-empty name, got {cls.name!r}")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def mechanism_class(name: str) -> type[Mechanism]:
-    """The registered mechanism called ``name``."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown mechanism {name!r}; known: {sorted(_REGISTRY)}") from None
+__all__ = [
+    "CompiledMechanism",
+    "Mechanism",
+    "Unperturbed",
+    "compiled_hooks",
+    "hook_admit",
+    "hook_gradient_noise",
+    "hook_observe",
+    "hook_release",
+    "hook_releases_at",
+    "restore_budget",
+]
 
 
 class Mechanism:
@@ -53,11 +59,8 @@ class Mechanism:
     bound to the learner's keyed noise and model shape once the dimension is known.
     """
 
-    #: The registry name.
+    #: The name :meth:`describe` gives by default.
     name: str = ""
-    #: Where the noise enters: ``"output"`` (each release is perturbed and charged),
-    #: ``"gradient"`` (every gradient is; the releases are free), ``"none"``.
-    kind: str = "output"
     #: False for a mechanism that publishes nothing (the non-private baseline): its learner
     #: serves the iterate itself.
     publishes: bool = True
@@ -67,6 +70,10 @@ class Mechanism:
     warmup: int = 0
     #: Whether a release is projected onto C by the learner (False: it is in C already).
     project_release: bool = True
+    #: The budget the mechanism charges (a ``PrivacyBudget`` or ``BudgetSlice``), if any.
+    budget: Any = None
+    #: Why learning stopped, once it has (the budget, the horizon), for the learner's warning.
+    exhausted_why: str | None = None
 
     def bind(self, noise: KeyedNoise, shape: tuple[int, ...]) -> None:
         """Attach the learner's keyed noise and the model's shape (once d is known)."""
@@ -101,13 +108,22 @@ class Mechanism:
         """The data-independent model a warm-up step ``t <= warmup`` holds (in ``constraint``)."""
         raise NotImplementedError  # pragma: no cover
 
-    def fast_settings(self):
-        """What the compiled fast path needs to run this mechanism, or None (reference only)."""
+    # -- the compiled side ------------------------------------------------------------------
+    def compiled(
+        self, buffer: Buffer, step_size: Callable[[int], float], rows: int
+    ) -> CompiledMechanism | None:
+        """This mechanism's side of one learner's compiled fast path — the learner's buffer and
+        step size rule, runs of at most ``rows`` steps — or None: the reference step takes every
+        step."""
         return None
 
     # -- reporting and checkpoints ------------------------------------------------------------
     def describe(self) -> str:
         return self.name
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes the mechanism holds, by part (its ledger, its sensitivity tracker)."""
+        return {}
 
     def state_dict(self) -> dict:
         return {}
@@ -116,12 +132,180 @@ class Mechanism:
         pass
 
 
-@register
+class CompiledMechanism:
+    """A mechanism's side of one learner's compiled fast path: the Python around the hooks.
+
+    The fast path puts :meth:`settings` into the struct it hands to compiled code; the compiled
+    step calls the hooks registered for that record's type (:func:`compiled_hooks`). Around each
+    compiled call it asks :meth:`steps` (or :meth:`one`) how many steps may run, and reports them
+    to :meth:`ran`, which charges what they released before anything is served.
+    """
+
+    #: Set when an array the settings record holds was replaced since :meth:`settings` was
+    #: last called (the fast path then calls it again before the next compiled run).
+    stale: bool = False
+
+    def settings(self) -> tuple:
+        """The typed settings record (a ``NamedTuple`` with hooks registered for its type)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def steps(self, t0: int, m: int) -> int:
+        """How many of the steps ``t0 + 1 … t0 + m`` the compiled code may take (0: none,
+        the reference step takes the next one), with what they need prepared. Called after
+        the warm-up, with ``can_step(t0 + 1)`` granted."""
+        raise NotImplementedError  # pragma: no cover
+
+    def one(self, t0: int) -> bool:
+        """:meth:`steps` of the next step alone (a mechanism may decide its common case
+        faster)."""
+        return self.steps(t0, 1) == 1
+
+    def ran(self, t0: int, m: int) -> None:
+        """The compiled code took steps ``t0 + 1 … t0 + m``: account for what it released
+        (an exception here makes the learner withdraw its latest release and stop)."""
+
+
+# -- the compiled hooks --------------------------------------------------------------------------
+# What the compiled step asks a mechanism, by the type of its settings record. The functions
+# below are the names the compiled code calls; :func:`compiled_hooks` gives each a body for one
+# record type. They are never called from Python.
+
+
+def hook_releases_at(settings, t):  # pragma: no cover - compiled only
+    """Whether step t publishes a model (default: never)."""
+    raise NotImplementedError
+
+
+def hook_observe(settings, t, eta, n, ids):  # pragma: no cover - compiled only
+    """Step t's data-independent facts before its record is written — step size η, the number
+    n of partners, the buffer's arrival ids — and the sensitivity of what step t releases
+    (default: 0.0, nothing tracked)."""
+    raise NotImplementedError
+
+
+def hook_gradient_noise(settings, t):  # pragma: no cover - compiled only
+    """The noise added to step t's gradient, a flat row; an empty row for none (the
+    default)."""
+    raise NotImplementedError
+
+
+def hook_release(settings, t, w, sensitivity):  # pragma: no cover - compiled only
+    """The model released at step t from the iterate ``w`` (a new array when the learner
+    projects releases: it projects it in place; default: a copy of ``w``)."""
+    raise NotImplementedError
+
+
+def hook_admit(settings, slots, olds, ids, n_after):  # pragma: no cover - compiled only
+    """Step t's record was written to ``slots`` (which held arrival ids ``olds``); ``ids`` are
+    the buffer's arrival ids after the write, ``n_after`` its size (default: nothing)."""
+    raise NotImplementedError
+
+
+_NO_NOISE = np.zeros(0)
+
+
+def _never(settings, t):  # pragma: no cover - compiled only
+    return False
+
+
+def _untracked(settings, t, eta, n, ids):  # pragma: no cover - compiled only
+    return 0.0
+
+
+def _no_noise(settings, t):  # pragma: no cover - compiled only
+    return _NO_NOISE
+
+
+def _iterate(settings, t, w, sensitivity):  # pragma: no cover - compiled only
+    return w.copy()
+
+
+def _nothing(settings, slots, olds, ids, n_after):  # pragma: no cover - compiled only
+    return None
+
+
+_HOOKS: dict[str, tuple[Callable, Callable]] = {
+    "releases_at": (hook_releases_at, _never),
+    "observe": (hook_observe, _untracked),
+    "gradient_noise": (hook_gradient_noise, _no_noise),
+    "release": (hook_release, _iterate),
+    "admit": (hook_admit, _nothing),
+}
+
+
+def compiled_hooks(settings: type, **hooks: Callable) -> None:
+    """Register the compiled hooks of the settings record type ``settings``.
+
+    Each hook is a plain function written for numba's nopython mode, taking the record first
+    (``releases_at``, ``observe``, ``gradient_noise``, ``release``, ``admit``: the signatures of
+    :func:`hook_releases_at` … :func:`hook_admit`); a hook left out keeps its default. Without
+    numba nothing is registered (the learners then take the reference step anyway).
+
+    Examples
+    --------
+    >>> from typing import NamedTuple
+    >>> class EveryStep(NamedTuple):
+    ...     scale: float
+    >>> compiled_hooks(EveryStep, releases_at=lambda settings, t: True)
+
+    """
+    unknown = set(hooks) - set(_HOOKS)
+    if unknown:
+        raise TypeError(f"unknown compiled hooks {sorted(unknown)}; known: {sorted(_HOOKS)}")
+    if not (isinstance(settings, type) and issubclass(settings, tuple)):
+        raise TypeError(f"a settings record is a NamedTuple type, not {settings!r}")
+    if not NUMBA_INSTALLED:
+        return
+    for name, (stub, default) in _HOOKS.items():
+        _overload_for(stub, settings, _jitable(hooks.get(name, default)))
+
+
+_JITABLE: dict[Callable, Callable] = {}
+
+
+def _jitable(fn: Callable) -> Callable:
+    """``fn`` made callable from compiled code, once (a default serves many record types)."""
+    if fn not in _JITABLE:
+        _JITABLE[fn] = numba.extending.register_jitable(fn)
+    return _JITABLE[fn]
+
+
+def _overload_for(stub: Callable, settings: type, impl: Callable) -> None:
+    from numba.core import types
+
+    def typer(record, *args):
+        if isinstance(record, types.BaseNamedTuple) and record.instance_class is settings:
+            return lambda record, *args: impl(record, *args)
+        return None
+
+    numba.extending.overload(stub)(typer)
+
+
+# -- the non-private baseline ------------------------------------------------------------------
+class _Unperturbed(NamedTuple):
+    """The settings record of :class:`Unperturbed`: nothing is released, nothing tracked."""
+
+    publishes: bool = False
+
+
+compiled_hooks(_Unperturbed)
+
+
+class _UnperturbedCompiled(CompiledMechanism):
+    def settings(self) -> _Unperturbed:
+        return _Unperturbed()
+
+    def steps(self, t0: int, m: int) -> int:
+        return m
+
+    def one(self, t0: int) -> bool:
+        return True
+
+
 class Unperturbed(Mechanism):
     """No noise and no release: the non-private baseline (PairwiseGIGA) serves its iterate."""
 
     name = "unperturbed"
-    kind = "none"
     publishes = False
     private = False
 
@@ -130,6 +314,11 @@ class Unperturbed(Mechanism):
 
     def release(self, t: int, w: np.ndarray) -> None:  # pragma: no cover - never asked
         return None
+
+    def compiled(
+        self, buffer: Buffer, step_size: Callable[[int], float], rows: int
+    ) -> CompiledMechanism:
+        return _UnperturbedCompiled()
 
     def describe(self) -> str:
         return "no privacy: the iterate itself is served"

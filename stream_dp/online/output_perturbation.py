@@ -14,27 +14,39 @@ Steps ``1..T1`` release data-independent random models (no cost). Noise is
 ``σ_t·z_t`` with ``z_t`` the keyed standard-normal row of step t (purpose ``"release"``), so a
 replayed step re-publishes its release. Derivations: ``docs/privacy.md`` (*Certified
 sensitivity*, *Accounting*); the algorithm: ``docs/algorithms.md`` (*OnPairStrC*).
+
+The compiled side (:class:`OutputPerturbationSettings` and its hooks) runs the same rules —
+:func:`~stream_dp.sensitivity.cert_step`, :func:`~stream_dp.huai.is_release_step`,
+:func:`~stream_dp.privacy.mechanisms.release_sigma` — on noise rows drawn a block at a time, and
+reports every release as (step, Δ, σ), charged right after the compiled call.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
+from stream_dp.buffers import Buffer
 from stream_dp.huai import huai_sensitivity, is_release_step
-from stream_dp.online.mechanism import Mechanism, register, restore_budget
+from stream_dp.online.mechanism import (
+    CompiledMechanism,
+    Mechanism,
+    compiled_hooks,
+    restore_budget,
+)
 from stream_dp.privacy.budget import BudgetExhausted, BudgetSlice, PrivacyBudget
 from stream_dp.privacy.events import GaussianEvent, GaussianEvents, gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
 from stream_dp.privacy.schedules import Schedule, schedule_from_dict
-from stream_dp.sensitivity import CertifiedSensitivity
+from stream_dp.sensitivity import CertifiedSensitivity, cert_admit, cert_step
 
-__all__ = ["OutputPerturbation"]
+__all__ = ["OutputPerturbation", "OutputPerturbationSettings"]
 
 
-@register
 class OutputPerturbation(Mechanism):
     """Gaussian output perturbation of the iterate at each release step.
 
@@ -76,6 +88,8 @@ class OutputPerturbation(Mechanism):
         self.warmup = int(warmup)
         self.release_every = int(release_every)
         self.horizon = horizon
+        #: The horizon for compiled code and :func:`~stream_dp.huai.is_release_step` (−1: none).
+        self.horizon_code = -1 if horizon is None else int(horizon)
         self.paper_sensitivity = paper_sensitivity
         self.n_charged = 0
         self.last_sigma: float | None = None
@@ -85,10 +99,6 @@ class OutputPerturbation(Mechanism):
         self._ledger_len = 0  # the ledger's length after our last charge
 
     # -- the plan -------------------------------------------------------------------------------
-    @property
-    def horizon_code(self) -> int:
-        return -1 if self.horizon is None else int(self.horizon)
-
     def releases_at(self, t: int) -> bool:
         return is_release_step(t, self.warmup, self.release_every, self.horizon_code)
 
@@ -176,12 +186,14 @@ class OutputPerturbation(Mechanism):
         bound = self.sensitivity(t, probe)
         return self.budget.can_afford(gaussian_rho(bound, release_sigma(bound, rho)))
 
-    # -- the fast path ----------------------------------------------------------------------------
-    def fast_settings(self):
-        """Noise rows in blocks (:meth:`KeyedNoise.block`) and the default keyed noise only."""
+    # -- the compiled side --------------------------------------------------------------------
+    def compiled(
+        self, buffer: Buffer, step_size: Callable[[int], float], rows: int
+    ) -> _Compiled | None:
+        """Noise rows in blocks (:meth:`KeyedNoise.block`) of the default keyed noise only."""
         if type(self.noise) is not KeyedNoise or rows_per_block(int(np.prod(self.shape))) < 2:
             return None
-        return self
+        return _Compiled(self, buffer, step_size, rows)
 
     def releases_in(self, t0: int, m: int) -> np.ndarray:
         """The release steps among ``t0 + 1 … t0 + m``."""
@@ -193,26 +205,16 @@ class OutputPerturbation(Mechanism):
         k = self.n_charged
         return np.array([self.rho(k + i) for i in range(1, count + 1)])
 
-    def commit(self, steps: np.ndarray, sens: np.ndarray, sigmas: np.ndarray) -> None:
-        """Charge the releases the fast path made (all certainly affordable: see
-        :meth:`certain`)."""
-        if len(steps) == 1:
-            self.commit_one(int(steps[0]), float(sens[0]), float(sigmas[0]))
-            return
-        self.budget.charge(GaussianEvents(steps, sens, sigmas))
-        self._charged(float(sens[-1]), float(sigmas[-1]), len(steps))
-
-    def commit_one(self, step: int, sens: float, sigma: float) -> None:
-        """:meth:`commit` of one release."""
-        self.budget.charge(GaussianEvent(step, sens, sigma))
-        self._charged(sens, sigma)
-
     # -- reporting and checkpoints ------------------------------------------------------------
     def describe(self) -> str:
         sched = self.schedule
         n = sched.n_releases
         plan = f"{n} charged releases" if n is not None else repr(sched)
         return f"Gaussian output perturbation, {plan}"
+
+    def nbytes(self) -> dict[str, int]:
+        ledger = self.budget.accountant.nbytes()
+        return {"ledger": ledger, "tracker": self.tracker.slot_bound.nbytes}
 
     def state_dict(self) -> dict:
         return {
@@ -234,3 +236,183 @@ class OutputPerturbation(Mechanism):
         self.exhausted_why = state.get("exhausted_why")
         self._certain = 0
         self._ledger_len = -1
+
+
+# -- the compiled side ----------------------------------------------------------------------------
+class OutputPerturbationSettings(NamedTuple):
+    """What the compiled step needs of :class:`OutputPerturbation` (arrays shared, not copied)."""
+
+    #: The certified tracker (:class:`~stream_dp.sensitivity.CertifiedSensitivity`): its flags,
+    #: state, per-slot bounds and constants (G, α, L, diam C).
+    shared: bool
+    distinct: bool
+    tst: np.ndarray
+    tsb: np.ndarray
+    consts: np.ndarray
+    #: Huai et al. Lemma 4's bound ``8G/(αt)`` instead (never below the certified bound).
+    paper: bool
+    paper_G: float
+    paper_alpha: float
+    #: The release plan (:func:`~stream_dp.huai.is_release_step`).
+    T1: int
+    every: int
+    horizon: int
+    #: The keyed standard-normal rows of the current block (row ``t mod B`` is step t's).
+    Z: np.ndarray
+    #: The budget ρ_k of each release of the run, in order, and what each release reports.
+    rhos: np.ndarray
+    out_step: np.ndarray
+    out_sens: np.ndarray
+    out_sigma: np.ndarray
+    #: Releases made in the run so far (one value).
+    count: np.ndarray
+
+
+def _releases_at(s, t):  # pragma: no cover - compiled
+    return is_release_step(t, s.T1, s.every, s.horizon)
+
+
+def _observe(s, t, eta, n, ids):  # pragma: no cover - compiled
+    c = s.consts
+    return cert_step(s.tst, s.tsb, s.shared, s.distinct, c[0], c[1], c[2], c[3], eta, n, ids)
+
+
+def _release(s, t, w, bound):  # pragma: no cover - compiled
+    # σ = Δ/√(2ρ_k) for the k-th release, Δ the certified bound (or Lemma 4's, never below).
+    r = s.count[0]
+    sens = bound
+    if s.paper:
+        sens = max(huai_sensitivity(s.paper_G, s.paper_alpha, t), bound)
+    sigma = release_sigma(sens, s.rhos[r])
+    noise = sigma * s.Z[t % s.Z.shape[0]]
+    s.out_step[r] = t
+    s.out_sens[r] = sens
+    s.out_sigma[r] = sigma
+    s.count[0] = r + 1
+    return w + noise
+
+
+def _admit(s, slots, olds, ids, n_after):  # pragma: no cover - compiled
+    cert_admit(s.tst, s.tsb, s.shared, s.distinct, slots, olds, ids, n_after)
+
+
+compiled_hooks(
+    OutputPerturbationSettings,
+    releases_at=_releases_at,
+    observe=_observe,
+    release=_release,
+    admit=_admit,
+)
+
+
+class _Compiled(CompiledMechanism):
+    """The Python around :class:`OutputPerturbationSettings`: runs only while every release in
+    them is certainly affordable; charges what the compiled code released right after it."""
+
+    def __init__(
+        self,
+        mech: OutputPerturbation,
+        buffer: Buffer,
+        step_size: Callable[[int], float],
+        rows: int,
+    ) -> None:
+        self.mech = mech
+        self.buffer = buffer
+        self.step_size = step_size
+        size = int(np.prod(mech.shape))
+        self.size = size
+        self.per_block = rows_per_block(size)
+        self.Z = np.zeros((self.per_block, size))
+        self.block = -1  # the block of noise rows Z holds
+        self.rhos = np.zeros(rows)
+        self.out_step = np.zeros(rows, dtype=np.int64)
+        self.out_sens = np.zeros(rows)
+        self.out_sigma = np.zeros(rows)
+        self.count = np.zeros(1, dtype=np.int64)
+        self._held: tuple = ()  # the tracker's arrays the settings hold
+
+    def settings(self) -> OutputPerturbationSettings:
+        mech, tr = self.mech, self.mech.tracker
+        tr.ensure(self.buffer.capacity or len(self.buffer.Y))
+        self._held = (tr.state, tr.slot_bound)
+        self.stale = False
+        paper = mech.paper_sensitivity
+        return OutputPerturbationSettings(
+            shared=bool(tr.shared), distinct=bool(tr.distinct), tst=tr.state,
+            tsb=tr.slot_bound, consts=tr.constants, paper=paper is not None,
+            paper_G=float(paper[0]) if paper else 0.0,
+            paper_alpha=float(paper[1]) if paper else 1.0,
+            T1=int(mech.warmup), every=int(mech.release_every), horizon=mech.horizon_code,
+            Z=self.Z, rhos=self.rhos, out_step=self.out_step, out_sens=self.out_sens,
+            out_sigma=self.out_sigma, count=self.count,
+        )  # fmt: skip
+
+    def _check_held(self) -> None:
+        tr, held = self.mech.tracker, self._held
+        if held and (tr.slot_bound is not held[1] or tr.state is not held[0]):
+            self.stale = True  # the reference step grew the tracker, or a checkpoint replaced it
+
+    def _noise_block(self, t0: int) -> None:
+        block = (t0 + 1) // self.per_block
+        if self.block != block:
+            self.Z[:] = self.mech.noise.block(block, self.size, "release")
+            self.block = block
+
+    def one(self, t0: int) -> bool:
+        # The common case without the general rule (one record per call: inlined): no horizon
+        # reached, and no release at this step or one the budget certainly pays for.
+        mech = self.mech
+        t = t0 + 1
+        if mech.horizon is not None and t > mech.horizon:
+            return False
+        if is_release_step(t, mech.warmup, mech.release_every, mech.horizon_code):
+            if not mech.certain(1):
+                return self.steps(t0, 1) == 1
+            self.rhos[0] = mech.rho(mech.n_charged + 1)
+        tr, held = mech.tracker, self._held
+        if held and (tr.slot_bound is not held[1] or tr.state is not held[0]):
+            self.stale = True
+        if self.block != t // self.per_block:
+            self._noise_block(t0)
+        return True
+
+    def steps(self, t0: int, m: int) -> int:
+        mech = self.mech
+        m = min(m, self.per_block - (t0 + 1) % self.per_block)
+        if mech.horizon is not None:
+            m = min(m, int(mech.horizon) - t0)
+        if m <= 0:
+            return 0
+        count = int(mech.releases_at(t0 + 1)) if m == 1 else len(mech.releases_in(t0, m))
+        if count and not mech.certain(count):
+            # The budget's last releases: one step at a time, each release decided exactly.
+            t = t0 + 1
+            m = 1
+            count = int(mech.releases_at(t))
+            if count:
+                buf = self.buffer
+                if not mech.affordable(t, self.step_size(t), len(buf), buf.member_ids()):
+                    return 0
+        self._check_held()
+        self._noise_block(t0)
+        k = mech.n_charged
+        for i in range(count):
+            self.rhos[i] = mech.rho(k + 1 + i)
+        return m
+
+    def ran(self, t0: int, m: int) -> None:
+        """Charge the releases the compiled code made (all certainly affordable: see
+        :meth:`OutputPerturbation.certain`): one event, or the run's batch."""
+        r = self.count.item(0)
+        if not r:
+            return
+        self.count[0] = 0
+        mech = self.mech
+        if r == 1:  # learn_one's case: scalars, no slices
+            sens, sigma = self.out_sens.item(0), self.out_sigma.item(0)
+            mech.budget.charge(GaussianEvent(self.out_step.item(0), sens, sigma))
+        else:
+            sens, sigma = self.out_sens.item(r - 1), self.out_sigma.item(r - 1)
+            steps, sens_all, sigmas = self.out_step[:r], self.out_sens[:r], self.out_sigma[:r]
+            mech.budget.charge(GaussianEvents(steps, sens_all, sigmas))
+        mech._charged(sens, sigma, r)

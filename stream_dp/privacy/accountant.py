@@ -86,9 +86,12 @@ class Accountant:
         # counter: rebuilt from the ledger on load and checked by verify().
         self._exact: list[float] = []
         # Costs composed and not yet folded into the partials (at most _FOLD_EVERY, in
-        # composition order), and their plain float sum.
+        # composition order).
         self._pending: list[float] = []
-        self._pending_sum = 0.0
+        #: The total to within ~1024 ulps, kept without folding: the top partial at the last
+        #: fold plus the pending costs, added as they come (for a budget's fast test far from
+        #: its limit).
+        self.approximate_total = 0.0
         self._dpartials: list[float] = []  # the same for the δ of (ε, δ) events
 
     # -- reading events -------------------------------------------------------------------------
@@ -210,13 +213,13 @@ class Accountant:
         pending = self._pending
         if type(cost) is list:
             pending.extend(cost)
-            total = self._pending_sum
+            total = self.approximate_total
             for c in cost:
                 total += c
-            self._pending_sum = total
+            self.approximate_total = total
         else:
             pending.append(cost)
-            self._pending_sum += cost
+            self.approximate_total += cost
             if type(event) is ApproxDPEvent:
                 self._grow(self._dpartials, float(event.delta))
         if len(pending) >= _FOLD_EVERY:
@@ -234,7 +237,7 @@ class Accountant:
         for cost in self._pending:
             grow(exact, cost)
         self._pending = []
-        self._pending_sum = 0.0
+        self.approximate_total = exact[-1] if exact else 0.0
 
     @staticmethod
     def _grow(partials: list[float], x: float) -> None:
@@ -254,10 +257,6 @@ class Accountant:
     def total(self, extra: Iterable[float] = ()) -> float:
         """The exact (correctly rounded) sum of every cost, plus ``extra`` costs."""
         return math.fsum([*self._partials, *extra])
-
-    def approximate_total(self) -> float:
-        """The total to within ~1024 ulps without folding (for a fast test far from a limit)."""
-        return (self._exact[-1] if self._exact else 0.0) + self._pending_sum
 
     def verify(self) -> bool:
         """Recompute the totals from the ledger entries and compare (they must be identical)."""
@@ -316,6 +315,7 @@ class Accountant:
             grow(partials, row_cost(code, sens, scale, eps, delta))
             if code == APPROX:
                 grow(self._dpartials, delta)
+        self.approximate_total = partials[-1] if partials else 0.0
 
     def _add_columns(self, c: dict) -> None:
         # Costs in composition order, so the partials are those of composing one by one.

@@ -119,7 +119,7 @@ class PrivacyBudget:
             previous = acc.replayed(event)
             if previous is not None:
                 return previous
-        if not acc.approximate_total() + cost <= self._clearly_below:
+        if not acc.approximate_total + cost <= self._clearly_below:
             if not acc.total([cost]) <= self.limit:
                 raise BudgetExhausted(
                     f"release at step {event.step} costs {cost:.3g} but only "
