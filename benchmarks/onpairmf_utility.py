@@ -14,7 +14,7 @@ split is only scored), with the demo's clip R = 1. Sections:
    binary tree and independent noise for reference; the cost of the noise rows.
 2. **AUC.** Test AUC of the served model (the average of the iterates, released at every step)
    over noise seeds 0, 1, …: OnPairMF with the data-independent rules (``D = 1``), OnPairMF with
-   D chosen on the calibration block only (:func:`stream_dp.mf_reference.choose_model_radius`),
+   D chosen on the calibration block only (:func:`choose_model_radius`),
    the same learner without noise, and OnPairStrC with the demo's settings (α from
    ``choose_alpha``, FIFO(128), ``release_every_for(n)``, smoothing window 20, horizon n).
 3. **Metric.** 3-NN accuracy on the test split with neighbours from the stream, under the private
@@ -48,7 +48,6 @@ from stream_dp.apps.demo.plan import (
 )
 from stream_dp.datasets import prepare
 from stream_dp.metrics import roc_auc
-from stream_dp.mf_reference import choose_model_radius
 from stream_dp.online import OnPairMF, OnPairStrC
 from stream_dp.online.onpairmf import window_rule
 from stream_dp.privacy import blt as blt_module
@@ -57,6 +56,9 @@ from stream_dp.privacy.correlated_noise import CorrelatedNoise
 from stream_dp.privacy.factorizations import BinaryTree, Independent, SqrtToeplitz
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.records import clip_norm
+
+#: Model radii :func:`choose_model_radius` tries.
+RADIUS_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 TARGETS = {  # (dataset, ε): (target, goal) of the served model's mean test AUC (median for Pima)
     ("bank", 1.0): (0.68, 0.70),
@@ -139,6 +141,46 @@ def _mf_auc(d, X_test, seeds, **kw) -> tuple[list[float], OnPairMF]:
         model = _mf("auc", d, s, **kw)
         out.append(roc_auc(X_test @ model.private_weights, d.y_test))
     return out, model
+
+
+def choose_model_radius(
+    X_calibration,
+    y_calibration,
+    horizon: int,
+    *,
+    epsilon: float,
+    delta: float = DELTA,
+    grid=RADIUS_GRID,
+    seeds: int = 3,
+) -> tuple[float, dict[float, float]]:
+    """The model radius D that does best in simulated private runs on a *public* calibration block.
+
+    For every D of ``grid``: ``seeds`` runs of OnPairMF (the real ε, δ and horizon, so the real
+    noise level) on a stream of ``horizon`` records resampled with replacement from the
+    calibration block, scored by the AUC of the served model on the calibration block itself.
+    Nothing streamed or held out is read, so the choice costs no privacy — provided the
+    calibration block is public (as the demo's is: it fits the scaler). The AUC is measured
+    in-sample, which favours larger D when the block is large relative to d; the seeds of the
+    resampling and of the noise are fixed (0 … seeds − 1), so the choice is reproducible.
+    Returns the chosen D and the mean calibration AUC of every D tried.
+    """
+    X = np.asarray(X_calibration, dtype=float)
+    y = np.asarray(y_calibration, dtype=bool)
+    X_clipped = np.stack([clip_norm(x, DATA_RADIUS) for x in X])
+    scores: dict[float, float] = {}
+    for D in grid:
+        aucs = []
+        for s in range(seeds):
+            idx = np.random.default_rng(s).integers(0, len(y), size=horizon)
+            m = OnPairMF(
+                task="auc", horizon=horizon, epsilon=epsilon, delta=delta,
+                data_radius=DATA_RADIUS, model_radius=D, seed=s, reproducible=True,
+                features=X.shape[1], track_regret=False,
+            )  # fmt: skip
+            m.learn_many(X[idx], y[idx])
+            aucs.append(roc_auc(X_clipped @ m.private_weights, y))
+        scores[float(D)] = float(np.mean(aucs))
+    return max(scores, key=scores.get), scores
 
 
 def _strc_auc(d, X_test, seeds, epsilon: float) -> list[float]:

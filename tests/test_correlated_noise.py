@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mf_reference import MFReference
 
 from stream_dp import _jit
-from stream_dp.mf_reference import MFReference
 from stream_dp.privacy.blt import BLT
 from stream_dp.privacy.correlated_noise import CorrelatedNoise, blt_rows, standard_rows
 from stream_dp.privacy.factorizations import BinaryTree, Independent, SqrtToeplitz

@@ -6,9 +6,9 @@ import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting import rdp
+from mf_reference import MFReference
 
 from stream_dp.constraints import PSDFrobeniusBall
-from stream_dp.mf_reference import MFReference
 from stream_dp.privacy.conversions import epsilon_from_rho
 from stream_dp.privacy.events import GaussianEvent
 from stream_dp.privacy.mf import MECHANISM_NAME

@@ -15,10 +15,9 @@ import itertools
 
 import numpy as np
 import pytest
+from mf_reference import ClassBuffers, MFReference, capped_class_terms
 
-from stream_dp.buffers import ClassBuffers
-from stream_dp.mf_reference import MFReference
-from stream_dp.privacy.influence import capped_class_terms, pair_term_bounds, window_pattern
+from stream_dp.privacy.influence import pair_term_bounds, window_pattern
 from stream_dp.records import clip_norm
 
 WINDOW = 8

@@ -1,7 +1,7 @@
 """OnPairMF: the learner core with correlated gradient noise.
 
-Held against the plain-NumPy reference (:class:`stream_dp.mf_reference.MFReference`) release by
-release; its one charge made before step 1 and never again; the noise it injects calibrated
+Held against the plain-NumPy reference (``tests/mf_reference.py``) release by release; its one
+charge made before step 1 and never again; the noise it injects calibrated
 across secrets (a test that fails for σ/2); its gradient stream's sensitivity audited on
 neighbouring streams; its checkpoints resumed exactly; its horizon honoured.
 """
@@ -14,8 +14,8 @@ import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting import rdp
+from mf_reference import MFReference
 
-from stream_dp.mf_reference import MFReference
 from stream_dp.online import OnPairMF
 from stream_dp.privacy.correlated_noise import CorrelatedNoise
 from stream_dp.privacy.noise import KeyedNoise

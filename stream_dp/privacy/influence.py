@@ -17,7 +17,7 @@ Two kinds of pair terms differ between the streams:
   the difference is at most ``two_sided``.
 
 :func:`pair_term_bounds` gives both for the logistic losses, on the model set the iterates stay
-in; :func:`window_pattern` and :func:`capped_class_pattern` turn a buffer policy into ``u``.
+in; :func:`window_pattern` turns OnPairMF's buffer policy (a FIFO window) into ``u``.
 
 """
 
@@ -33,8 +33,6 @@ __all__ = [
     "PairTermBounds",
     "pair_term_bounds",
     "window_pattern",
-    "capped_class_pattern",
-    "capped_class_terms",
 ]
 
 
@@ -118,48 +116,6 @@ def window_pattern(window: int, divisor: int, bounds: PairTermBounds) -> np.ndar
     u = np.full(window + 1, unit)
     u[0] = window * unit
     return u
-
-
-def capped_class_terms(size: int, use_cap: int) -> tuple[int, int]:
-    """(one-sided, two-sided) pair terms that differ with :class:`~stream_dp.buffers.ClassBuffers`.
-
-    Same label (memberships identical; only the record's own terms differ, two-sided):
-    ``S`` at its own step and ``K`` later uses. Changed label (``docs/privacy.md``, *Per-class
-    buffers with a use cap*): one-sided terms only — ``2S`` at its own step (each stream pairs it
-    with one ring), ``K`` later uses on each stream, and in each ring at most ``K − 1`` pairings
-    of the member the record pushes out (*FIFO shift*) and ``S − 1`` pairings of members whose
-    use count it shifts (*cap shift*): ``4S + 4K − 4``.
-
-    Examples
-    --------
-    >>> capped_class_terms(16, 16)
-    (124, 32)
-
-    """
-    S, K = _positive(size, "size"), _positive(use_cap, "use_cap")
-    return 4 * S + 4 * K - 4, S + K
-
-
-def capped_class_pattern(
-    size: int, use_cap: int, divisor: int, bounds: PairTermBounds
-) -> np.ndarray:
-    """``u`` for :class:`~stream_dp.buffers.ClassBuffers`: the whole L1 mass on one step.
-
-    The differing terms of the capped per-class buffers are not confined to a fixed time
-    pattern (displaced pairings happen whenever the other class arrives), so only their total
-    is bounded: ``M = max(one·(4S + 4K − 4), two·(S + K)) / B``. A single-step pattern ``[M]``
-    gives the triangle-inequality bound ``M · max_j ‖C e_j‖``, valid for any timing.
-
-    Examples
-    --------
-    >>> capped_class_pattern(16, 16, 16, PairTermBounds(1.0, 1.0)).tolist()
-    [7.75]
-
-    """
-    if _positive(divisor, "divisor") < _positive(size, "size"):
-        raise ValueError("the divisor must be at least the ring size (a step's norm is ≤ G·S/B)")
-    one, two = capped_class_terms(size, use_cap)
-    return np.array([max(bounds.one_sided * one, bounds.two_sided * two) / divisor])
 
 
 def _positive(v: int, name: str) -> int:

@@ -1,14 +1,18 @@
 """OnPairMF in plain NumPy: private pairwise SGD with correlated (matrix-factorization) noise.
 
-This is the reference the compiled learner core reproduces; it is written to be read. For every
-record ``z_t = (x_t, y_t)``, t = 1 … n (the horizon):
+The tests' reference for :class:`stream_dp.online.OnPairMF` (``tests/test_onpairmf.py`` holds
+the package's learner to it release by release), written to be read, and the home of a buffer
+policy OnPairMF does not offer: per-class rings with a use cap (:class:`ClassBuffers`, whose
+influence pattern :func:`capped_class_pattern` bounds; ``docs/privacy.md``, *Per-class buffers
+with a use cap*, and ``tests/test_mf_sensitivity_audit.py``). For every record
+``z_t = (x_t, y_t)``, t = 1 … n (the horizon):
 
 1. **Clip.** ``x_t ← x_t·min(1, R/‖x_t‖)`` (:func:`stream_dp.records.clip_norm`): the pair-term
    bounds hold only for clipped data.
 2. **Partners.** The buffer offers ``P_t``, a function of arrival indices, labels and use counts,
    never of feature values: the last ``window`` records (default; for AUC only those of the
    other class), or the active members of the other class's ring
-   (:class:`stream_dp.buffers.ClassBuffers`, ``buffer="class"``).
+   (:class:`ClassBuffers`, ``buffer="class"``).
 3. **Gradient** of the buffer-averaged loss with a *fixed* divisor B (:mod:`stream_dp.losses`):
    ``g_t = (1/B) Σ_{j∈P_t} ∇ℓ(w_{t−1}; z_t, z_j)`` — zero when ``P_t`` is empty.
 4. **Correlated noise.** ``ĝ_t = g_t + σ·(M·Z)_t`` with ``Z_t`` keyed by (secret, model id, t)
@@ -38,22 +42,24 @@ import secrets
 
 import numpy as np
 
-from stream_dp.buffers import ClassBuffers, FIFOBuffer
+from stream_dp.buffers import FIFOBuffer
 from stream_dp.constraints import L2Ball, PSDFrobeniusBall
 from stream_dp.losses import LogisticAUCLoss, LogisticMetricLoss
 from stream_dp.online.onpairmf import step_size_rule, window_rule
 from stream_dp.privacy.budget import zcdp_budget
 from stream_dp.privacy.conversions import epsilon_from_rho
 from stream_dp.privacy.correlated_noise import block_rows
-from stream_dp.privacy.influence import capped_class_pattern, pair_term_bounds, window_pattern
+from stream_dp.privacy.influence import (
+    PairTermBounds,
+    _positive,
+    pair_term_bounds,
+    window_pattern,
+)
 from stream_dp.privacy.mf import MFMechanism, make_factorization
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.records import LabelCodes, auc_label, clip_norm
 
-__all__ = ["MFReference", "choose_model_radius"]
-
-#: Model radii :func:`choose_model_radius` tries.
-RADIUS_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+__all__ = ["ClassBuffers", "MFReference", "capped_class_pattern", "capped_class_terms"]
 
 
 class MFReference:
@@ -321,51 +327,163 @@ class MFReference:
         self.step = int(state["step"])
 
 
-def choose_model_radius(
-    X_calibration,
-    y_calibration,
-    horizon: int,
-    *,
-    epsilon: float,
-    delta: float = 1e-5,
-    grid=RADIUS_GRID,
-    seeds: int = 3,
-    task: str = "auc",
-    **learner_kw,
-) -> tuple[float, dict[float, float]]:
-    """The model radius D that does best in simulated private runs on a *public* calibration block.
+# -- per-class rings with a use cap ---------------------------------------------------------------
+class ClassBuffers:
+    """Per-class rings of ``size`` records with a use cap: AUC partners from the other class.
 
-    For every D of ``grid``: ``seeds`` runs of the private learner (the real ε, δ and horizon, so
-    the real noise level) on a stream of ``horizon`` records resampled with replacement from the
-    calibration block, scored by the AUC of the served model on the calibration block itself.
-    Nothing streamed or held out is read, so the choice costs no privacy — provided the
-    calibration block is public (as the demo's is: it fits the scaler). The AUC is measured
-    in-sample, which favours larger D when the block is large relative to d; the seeds of the
-    resampling and of the noise are fixed (0 … seeds − 1), so the choice is reproducible.
+    A record of class ``y ∈ {−1, +1}`` is paired with the *active* members of the other class's
+    ring; every member used this way counts one use, and a member with ``use_cap`` uses is
+    inactive (it is never paired again). The record then enters its own class's ring, replacing
+    the oldest of the last ``size`` records of its class (active or not). So a record of class
+    y is active at step t exactly when fewer than ``size`` records of class y and fewer than
+    ``use_cap`` records of the other class arrived after it — a function of the labels only,
+    never of feature values. The correlated-noise learner divides by a fixed ``B ≥ size``, so a
+    step's gradient has norm at most ``G·size/B`` and a record counts at most ``use_cap`` later
+    pairings: its influence is bounded even when one class is rare. What a changed label does
+    to the *other* records (it takes or frees a slot, it uses the other ring's members or not) is
+    bounded in ``docs/privacy.md`` (*Per-class buffers with a use cap*) and by
+    :func:`capped_class_pattern`.
 
-    Returns
-    -------
-    tuple of (float, dict)
-        The chosen D and the mean calibration AUC of every D tried.
+    Parameters
+    ----------
+    size
+        Slots per class (S).
+    use_cap
+        Pairings after which a member is inactive (K).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> b = ClassBuffers(size=2, use_cap=1)
+    >>> b.bind(1)
+    >>> b.add(np.array([1.0]), -1.0, step=1)
+    >>> slots = b.partners(+1.0)
+    >>> b.partner_rows(+1.0, slots)[0].tolist(), b.use(+1.0, slots)
+    ([[1.0]], None)
+    >>> len(b.partners(+1.0))  # used once: capped
+    0
 
     """
-    from stream_dp.metrics import roc_auc
 
-    if task != "auc":
-        raise ValueError("the calibration score is an AUC: task='auc' only")
-    X = np.asarray(X_calibration, dtype=float)
-    y = np.asarray(y_calibration, dtype=bool)
-    X_clipped = np.stack([clip_norm(x, learner_kw.get("data_radius", 1.0)) for x in X])
-    scores: dict[float, float] = {}
-    for D in grid:
-        aucs = []
-        for s in range(seeds):
-            idx = np.random.default_rng(s).integers(0, len(y), size=horizon)
-            m = MFReference(
-                task, horizon=horizon, epsilon=epsilon, delta=delta, model_radius=D,
-                seed=s, reproducible=True, **learner_kw,
-            )  # fmt: skip
-            m.learn_many(X[idx], y[idx])
-            aucs.append(roc_auc(X_clipped @ m.weights, y))
-        scores[float(D)] = float(np.mean(aucs))
-    return max(scores, key=scores.get), scores
+    kind = "class"
+
+    def __init__(self, size: int, use_cap: int) -> None:
+        if isinstance(size, bool) or int(size) < 1:
+            raise ValueError(f"buffer size must be >= 1, got {size!r}")
+        if isinstance(use_cap, bool) or int(use_cap) < 1:
+            raise ValueError(f"use_cap must be >= 1, got {use_cap!r}")
+        self.size = int(size)
+        self.use_cap = int(use_cap)
+        self.dim: int | None = None
+        self.X: np.ndarray | None = None
+        self.ids = np.full((2, self.size), -1, dtype=np.int64)  # arrival step; -1: empty slot
+        self.uses = np.zeros((2, self.size), dtype=np.int64)
+        self.head = np.zeros(2, dtype=np.int64)
+
+    @staticmethod
+    def _row(y: float) -> int:
+        if y not in (-1.0, 1.0):
+            raise ValueError(f"class buffers hold AUC labels -1/+1, got {y!r}")
+        return int(y > 0)
+
+    def bind(self, dim: int) -> None:
+        """Allocate storage once the feature dimension is known."""
+        self.dim = int(dim)
+        self.X = np.zeros((2, self.size, self.dim))
+
+    def partners(self, y: float) -> np.ndarray:
+        """Slots of the active members of the class opposite to ``y``."""
+        other = 1 - self._row(y)
+        return np.flatnonzero((self.ids[other] >= 0) & (self.uses[other] < self.use_cap))
+
+    def partner_rows(self, y: float, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(X, Y)`` of those slots (Y is the other class's label)."""
+        other = 1 - self._row(y)
+        X = self.X[other, slots] if self.X is not None else np.zeros((0, 0))
+        return X, np.full(len(slots), 1.0 if other else -1.0)
+
+    def use(self, y: float, slots: np.ndarray) -> None:
+        """Count one use for each of ``slots`` (the partners of a record of class ``y``)."""
+        self.uses[1 - self._row(y), slots] += 1
+
+    def add(self, x: np.ndarray, y: float, step: int) -> None:
+        """Admit record ``step`` into its class's ring (the oldest of the class leaves)."""
+        row = self._row(y)
+        slot = int(self.head[row])
+        self.X[row, slot] = x
+        self.ids[row, slot] = step
+        self.uses[row, slot] = 0
+        self.head[row] = (slot + 1) % self.size
+
+    def member_ids(self, y: float) -> np.ndarray:
+        """Arrival steps of the active members of class ``y`` (for tests and audits)."""
+        row = self._row(y)
+        keep = (self.ids[row] >= 0) & (self.uses[row] < self.use_cap)
+        return np.sort(self.ids[row][keep])
+
+    def state_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "params": {"size": self.size, "use_cap": self.use_cap},
+            "dim": self.dim,
+            "X": None if self.X is None else self.X.copy(),
+            "ids": self.ids.copy(),
+            "uses": self.uses.copy(),
+            "head": self.head.copy(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        params = {"size": self.size, "use_cap": self.use_cap}
+        if state["kind"] != self.kind or state["params"] != params:
+            raise ValueError(
+                f"checkpoint holds a {state['kind']}{state['params']} buffer, "
+                f"this learner uses {self.kind}{params}"
+            )
+        if state["dim"] is not None:
+            self.bind(int(state["dim"]))
+            self.X[...] = state["X"]
+        self.ids[...] = state["ids"]
+        self.uses[...] = state["uses"]
+        self.head[...] = state["head"]
+
+
+def capped_class_terms(size: int, use_cap: int) -> tuple[int, int]:
+    """(one-sided, two-sided) pair terms that differ with :class:`ClassBuffers`.
+
+    Same label (memberships identical; only the record's own terms differ, two-sided):
+    ``S`` at its own step and ``K`` later uses. Changed label (``docs/privacy.md``, *Per-class
+    buffers with a use cap*): one-sided terms only — ``2S`` at its own step (each stream pairs it
+    with one ring), ``K`` later uses on each stream, and in each ring at most ``K − 1`` pairings
+    of the member the record pushes out (*FIFO shift*) and ``S − 1`` pairings of members whose
+    use count it shifts (*cap shift*): ``4S + 4K − 4``.
+
+    Examples
+    --------
+    >>> capped_class_terms(16, 16)
+    (124, 32)
+
+    """
+    S, K = _positive(size, "size"), _positive(use_cap, "use_cap")
+    return 4 * S + 4 * K - 4, S + K
+
+
+def capped_class_pattern(
+    size: int, use_cap: int, divisor: int, bounds: PairTermBounds
+) -> np.ndarray:
+    """``u`` for :class:`ClassBuffers`: the whole L1 mass on one step.
+
+    The differing terms of the capped per-class buffers are not confined to a fixed time
+    pattern (displaced pairings happen whenever the other class arrives), so only their total
+    is bounded: ``M = max(one·(4S + 4K − 4), two·(S + K)) / B``. A single-step pattern ``[M]``
+    gives the triangle-inequality bound ``M · max_j ‖C e_j‖``, valid for any timing.
+
+    Examples
+    --------
+    >>> capped_class_pattern(16, 16, 16, PairTermBounds(1.0, 1.0)).tolist()
+    [7.75]
+
+    """
+    if _positive(divisor, "divisor") < _positive(size, "size"):
+        raise ValueError("the divisor must be at least the ring size (a step's norm is ≤ G·S/B)")
+    one, two = capped_class_terms(size, use_cap)
+    return np.array([max(bounds.one_sided * one, bounds.two_sided * two) / divisor])
