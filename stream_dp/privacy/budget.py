@@ -60,6 +60,7 @@ class PrivacyBudget:
 
     Examples
     --------
+    >>> from stream_dp.privacy.events import GaussianEvent
     >>> budget = zcdp_budget(epsilon=1.0, delta=1e-5)
     >>> _ = budget.charge(GaussianEvent(step=1, sensitivity=1.0, sigma=10.0))
     >>> budget.accountant.rho_spent() < budget.limit
@@ -183,6 +184,7 @@ class BudgetSlice:
 
     Examples
     --------
+    >>> from stream_dp.privacy.events import GaussianEvent
     >>> budget = zcdp_budget(epsilon=4.0, delta=1e-5)
     >>> scaler = budget.slice(0.1, "gaussian-scaler")
     >>> event = scaler.charge(GaussianEvent(1, 1.0, 40.0, "gaussian-scaler"))
