@@ -19,9 +19,9 @@ from stream_dp.privacy.factorizations import (
     Independent,
     SqrtToeplitz,
     ToeplitzFactorization,
-    factorization_from_state,
     sqrt_toeplitz_coefficients,
 )
+from stream_dp.privacy.mf import factorization_from_state
 
 
 def _prefix_workload(n: int) -> np.ndarray:

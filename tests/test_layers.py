@@ -26,7 +26,10 @@ FORBIDDEN = [
     # (modules under, may not import) — why: docs/design.md, *Layers*.
     ("privacy", ("stream_dp.online", "stream_dp.offline", "stream_dp.engine", "stream_dp.apps")),
     ("offline", ("stream_dp.online", "stream_dp.engine", "stream_dp.apps")),
-    ("online", ("stream_dp.offline", "stream_dp.engine", "stream_dp.apps")),
+    (
+        "online",
+        ("stream_dp.offline", "stream_dp.engine", "stream_dp.apps", "stream_dp.preprocessing"),
+    ),
     ("engine", ("stream_dp.apps",)),
 ]
 
@@ -59,3 +62,33 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from stream_dp.online import OnPairStrC\n")
     assert "stream_dp.online" in _imports(probe)
+
+
+def test_the_fast_path_and_the_learner_core_name_no_mechanism() -> None:
+    """``online/fast.py`` and ``online/base.py`` reach mechanisms only through the protocol of
+    ``online/mechanism.py`` (``docs/design.md``, *Adding a mechanism*)."""
+    concrete = ("stream_dp.online.output_perturbation", "stream_dp.online.correlated")
+    for name in ("fast", "base"):
+        imports = _imports(PACKAGE / "online" / f"{name}.py")
+        assert not [m for m in imports if m.startswith(concrete)], name
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@pytest.mark.parametrize("layer", ["online", "privacy", "preprocessing", "offline"])
+def test_no_import_circle_through_the_layer(layer: str) -> None:
+    """No module of the layer can reach itself through imports (lazy ones included), within the
+    package."""
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {m: {n for n in _imports(p) if n in modules and n != m} for m, p in modules.items()}
+    for start in (m for m in modules if m.startswith(f"stream_dp.{layer}")):
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            assert m != start, f"{start} imports itself back"
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph[m])

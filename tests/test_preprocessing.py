@@ -384,16 +384,27 @@ def test_bank_raw_columns_through_the_private_scaler_charge_one_ledger() -> None
     assert model.learner.n_clipped < 0.2 * model.learner.step
 
 
-def test_a_learner_in_an_unsafe_river_pipeline_warns_once_on_its_first_record() -> None:
+def test_a_pipeline_the_learner_composes_is_checked_as_it_is_composed() -> None:
+    """River asks a learner to compose when it is the left operand, or the right one of a
+    function: that pipeline is checked at once — before a private AUC learner, a private metric
+    learner (a ledger of its own) and a stateful scaler are each warned about, once. A pipeline
+    river builds without asking the learner is checked by ``check_pipeline``. Safe pipelines warn
+    nothing, composed or run."""
+    metric = OnPairStrC(task="metric", epsilon=1.0, horizon=500, features=FEATURES)
+    with pytest.warns(NonPrivatePreprocessingWarning) as rec:
+        metric | (river_pre.StandardScaler() | _learner())
+    said = sorted(str(w.message) for w in rec if w.category is NonPrivatePreprocessingWarning)
+    assert len(said) == 2
+    assert said[0].startswith("OnPairStrCMetric before OnPairStrCAUC charges its own ledger")
+    assert said[1].startswith("StandardScaler learns from the stream before OnPairStrCAUC")
+    unsafe = compose.Select(*FEATURES) | river_pre.StandardScaler() | _learner()
+    assert len(check_pipeline(unsafe, warn=False)) == 1
     data = _labelled(13, 120)
-    with pytest.warns(NonPrivatePreprocessingWarning, match="StandardScaler learns") as rec:
-        evaluate.progressive_val_score(
-            iter(data), compose.Select(*FEATURES) | river_pre.StandardScaler() | _learner(),
-            metrics.ROCAUC(),
-        )  # fmt: skip
-    assert sum(issubclass(w.category, NonPrivatePreprocessingWarning) for w in rec) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error", NonPrivatePreprocessingWarning)
+        safe = (lambda x: {k: x[k] for k in FEATURES}) | _learner()
+        assert isinstance(safe, compose.Pipeline)
+        evaluate.progressive_val_score(iter(data), safe, metrics.ROCAUC())
         evaluate.progressive_val_score(iter(data), compose.Select(*FEATURES) | _composite(),
                                        metrics.ROCAUC())  # fmt: skip
         learner = _learner()

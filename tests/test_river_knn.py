@@ -2,7 +2,8 @@
 
 ``metric learner | neighbors.KNNClassifier()`` would run at about chance (river's Pipeline
 stores the neighbours untransformed and transforms the queries; the metric also changes with
-every release), so its first prediction raises an error that names the class to use.
+every release), so the learner refuses to compose it, and ``check_pipeline`` refuses it in a
+pipeline river composed without the learner, with an error that names the class to use.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pytest
 from river import compose, datasets, evaluate, metrics, neighbors, preprocessing
 
 from stream_dp.online import OnPairC, OnPairMF, OnPairStrC, PairwiseGIGA, PrivateMetricKNN
-from stream_dp.online.interfaces import UnsupportedComposition
+from stream_dp.online.composition import UnsupportedComposition
+from stream_dp.preprocessing import check_pipeline
 
 #: ImageSegments' 18 features: the declared schema.
 SEGMENTS = tuple(sorted(next(iter(datasets.ImageSegments()))[0]))
@@ -30,15 +32,15 @@ def _metric(cls, **kw):
 def test_a_metric_learner_before_river_knn_is_refused_with_the_class_to_use(cls, scaled):
     kw = {"horizon": 2310} if cls is OnPairC else {}
     learner = _metric(cls, **kw)
-    pipe = learner | neighbors.KNNClassifier()
-    if scaled:
+    if scaled:  # river composes this one without asking the learner
         pipe = preprocessing.StandardScaler() | learner | neighbors.KNNClassifier()
-    with pytest.raises(UnsupportedComposition, match="PrivateMetricKNN"):
-        evaluate.progressive_val_score(datasets.ImageSegments(), pipe, metrics.Accuracy())
-    x, y = next(iter(datasets.ImageSegments()))
-    pipe.learn_one(x, y)  # river runs the learner as a final step here: nothing to refuse yet
-    with pytest.raises(UnsupportedComposition, match="PrivateMetricKNN"):
-        pipe.predict_one(x)
+        with pytest.raises(UnsupportedComposition, match="PrivateMetricKNN"):
+            check_pipeline(pipe)
+    else:
+        with pytest.raises(UnsupportedComposition, match="PrivateMetricKNN"):
+            learner | neighbors.KNNClassifier()
+        with pytest.raises(UnsupportedComposition, match="PrivateMetricKNN"):
+            learner | (preprocessing.StandardScaler() | neighbors.KNNClassifier())
 
 
 def test_a_metric_learner_in_a_pipeline_without_knn_still_transforms():

@@ -11,15 +11,15 @@ subclass (``docs/design.md``, *The learner core*).
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 
 import numpy as np
-from river import base
+from river import base, compose
 
 from stream_dp.buffers import Buffer, make_buffer
 from stream_dp.constraints import ConstraintSet, L2Ball, PSDFrobeniusBall
 from stream_dp.losses import LossConstants, PairwiseLoss, Regularized, get_loss
+from stream_dp.online.composition import checked
 from stream_dp.online.fast import CHUNK_ROWS, FastPath
 from stream_dp.online.inputs import RecordInput
 from stream_dp.online.mechanism import Mechanism
@@ -195,15 +195,16 @@ class PairwiseLearner(base.Estimator):
         """True once the budget is spent: the learner serves its last release for ever."""
         return self._state.exhausted
 
-    _pipeline_checked = False
+    # -- composition ------------------------------------------------------------------------------
+    def __or__(self, other) -> compose.Pipeline:
+        """River's ``learner | other``, checked (:mod:`stream_dp.online.composition`): a metric
+        learner before river's kNN is refused, an unsafe step before a private learner warned
+        about."""
+        return checked(super().__or__(other))
 
-    def _check_pipeline(self) -> None:
-        """Once, on the first record: warn if a river pipeline that calls this learner feeds it
-        through a non-private stateful step (:func:`stream_dp.preprocessing.check_pipeline`)."""
-        from stream_dp.preprocessing.pipeline_check import check_calling_pipeline
-
-        self._pipeline_checked = True
-        check_calling_pipeline(sys._getframe(2))
+    def __ror__(self, other) -> compose.Pipeline:
+        """River's ``other | learner`` where ``other`` is no river estimator, checked."""
+        return checked(super().__ror__(other))
 
     # -- learning -------------------------------------------------------------------------------
     def learn_one(self, x, y, **kwargs) -> None:
@@ -214,8 +215,6 @@ class PairwiseLearner(base.Estimator):
         """
         xv, yv = self._input.validate(x, y)
         s = self._state
-        if s.t == 0 and not self._pipeline_checked:
-            self._check_pipeline()
         if not self._may_learn():
             self.n_rejected += 1
             return
@@ -251,8 +250,6 @@ class PairwiseLearner(base.Estimator):
             return
         rows, codes, clipped = batch
         k = len(codes)
-        if k and self._state.t == 0 and not self._pipeline_checked:
-            self._check_pipeline()
         i = 0
         while i < k:
             if not self._may_learn():

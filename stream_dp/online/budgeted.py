@@ -9,6 +9,7 @@ engine, the demo and a user read them without knowing which learner runs.
 
 from __future__ import annotations
 
+from stream_dp.online.composition import PRIVATE_LEARNER
 from stream_dp.operator_metrics import OperatorMetricsMixin
 from stream_dp.privacy.budget import BudgetSlice, PrivacyBudget
 
@@ -19,6 +20,9 @@ class BudgetedLearner(OperatorMetricsMixin):
     """Mixin of the private online learners (with :class:`~stream_dp.online.base.
     PairwiseLearner`): ``budget``, ``accountant``, ``ledger_state`` and ``release_message``, and
     the private operator metrics of ``metrics_share`` (:mod:`stream_dp.operator_metrics`)."""
+
+    def _more_tags(self) -> set[str]:
+        return {PRIVATE_LEARNER}
 
     @property
     def budget(self) -> PrivacyBudget | None:

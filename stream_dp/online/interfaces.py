@@ -9,12 +9,12 @@ boundary too (``docs/privacy.md``, *Threat model*).
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
-from river import base, compose
+from river import base
 
 from stream_dp.linalg import apply_sqrt_factors, psd_sqrt, sqrt_factors
+from stream_dp.online.composition import LEARNED_METRIC
 
 __all__ = [
     "AUCInterface",
@@ -22,7 +22,6 @@ __all__ = [
     "PrivateMetricDistance",
     "RiverChecks",
     "SEEDED_RIVER_CHECKS",
-    "UnsupportedComposition",
 ]
 
 #: River's checks that rebuild the model with ``seed=42`` (``river.checks.utils.seed_params``).
@@ -137,10 +136,6 @@ def _spread(score: np.ndarray, bound: float) -> np.ndarray:
     return np.clip(0.5 * (1.0 + score / bound), 0.0, 1.0)
 
 
-class UnsupportedComposition(TypeError):
-    """A river composition that would run but silently measure nothing (see the message)."""
-
-
 class MetricInterface(RiverChecks, base.SupervisedTransformer):
     """Mahalanobis metric learning as a river supervised transformer.
 
@@ -148,14 +143,19 @@ class MetricInterface(RiverChecks, base.SupervisedTransformer):
     the output are the learned distances ``√((a − b)ᵀW̃(a − b))``. Before the first release the
     metric is the identity (a data-independent choice).
 
-    For k-nearest neighbours use :class:`~stream_dp.online.PrivateMetricKNN`. A pipeline
-    ``metric learner | neighbors.KNNClassifier()`` raises :class:`UnsupportedComposition` at its
-    first prediction: river's ``Pipeline`` (0.26) runs a supervised transformer as a final step
-    when learning — the kNN stores the records untransformed — but transforms the queries, and
-    even a kNN that stored transformed records would hold each under the release of its own time
-    while the metric changes with every release. Measured: 16 % accuracy on
-    ``datasets.ImageSegments`` at ε = 4 (chance 14 %), where ``PrivateMetricKNN`` has 86 %.
+    For k-nearest neighbours use :class:`~stream_dp.online.PrivateMetricKNN`. The composition
+    ``metric learner | neighbors.KNNClassifier()`` is refused with
+    :class:`~stream_dp.online.composition.UnsupportedComposition` (the learner's tag
+    ``LEARNED_METRIC`` says why: :mod:`stream_dp.online.composition`): river's ``Pipeline``
+    (0.26) runs a supervised transformer as a final step when learning — the kNN stores the
+    records untransformed — but transforms the queries, and even a kNN that stored transformed
+    records would hold each under the release of its own time while the metric changes with
+    every release. Measured: 16 % accuracy on ``datasets.ImageSegments`` at ε = 4 (chance 14 %),
+    where ``PrivateMetricKNN`` has 86 %.
     """
+
+    def _more_tags(self) -> set[str]:
+        return {LEARNED_METRIC}
 
     def _apply_sqrt(self, W: np.ndarray, v: np.ndarray) -> np.ndarray:
         """``W^{1/2} v``, from a per-release cache: the release's own eigenpairs when the
@@ -175,9 +175,6 @@ class MetricInterface(RiverChecks, base.SupervisedTransformer):
         return None
 
     def transform_one(self, x) -> dict:
-        caller = sys._getframe(1).f_locals.get("self")
-        if isinstance(caller, compose.Pipeline):
-            _refuse_knn_after(self, caller)
         v = self._model_input(x)
         if v is None:
             return dict(x) if isinstance(x, dict) else {}
@@ -199,28 +196,6 @@ class MetricInterface(RiverChecks, base.SupervisedTransformer):
     def distance_function(self) -> PrivateMetricDistance:
         """A distance callable for river's kNN that always follows this live learner."""
         return PrivateMetricDistance(self)
-
-
-def _refuse_knn_after(learner: MetricInterface, pipeline: compose.Pipeline) -> None:
-    """Raise :class:`UnsupportedComposition` if a river kNN follows ``learner`` in ``pipeline``
-    (checked once per pipeline)."""
-    checked = learner.__dict__.setdefault("_checked_pipelines", set())
-    if id(pipeline) in checked:
-        return
-    steps = list(pipeline.steps.values())
-    after = steps[next((i for i, s in enumerate(steps) if s is learner), len(steps)) + 1 :]
-    knn = next((s for s in after if type(s).__module__.startswith("river.neighbors")), None)
-    if knn is not None:
-        name = type(learner).__name__
-        raise UnsupportedComposition(
-            f"{name} | {type(knn).__name__}: the kNN would compare queries under the current "
-            "release with neighbours stored untransformed (river's Pipeline does not apply a "
-            "supervised transformer while learning) or under older releases (the metric "
-            "changes with every release), and predict at about chance. Use "
-            "stream_dp.online.PrivateMetricKNN(<metric learner>), which measures every "
-            "distance with the current release (docs/algorithms.md, *kNN on a learned metric*)"
-        )
-    checked.add(id(pipeline))
 
 
 class PrivateMetricDistance:

@@ -21,7 +21,7 @@ class PrivateMetricKNN(base.Classifier):
 
     This is the way to use a learned metric for kNN. The river pipeline ``metric learner |
     neighbors.KNNClassifier()`` raises
-    :class:`~stream_dp.online.interfaces.UnsupportedComposition`: it would compare queries under
+    :class:`~stream_dp.online.composition.UnsupportedComposition`: it would compare queries under
     the current release with neighbours stored under another metric, at about chance (16 %).
 
     Note the privacy scope: the metric is private, but a kNN classifier stores raw neighbours,

@@ -10,7 +10,7 @@ preprocessing*.
 
 from __future__ import annotations
 
-from stream_dp.preprocessing.pipeline_check import NonPrivatePreprocessingWarning, check_pipeline
+from stream_dp.online.composition import NonPrivatePreprocessingWarning, check_pipeline
 from stream_dp.preprocessing.private_scaler import PrivateScaler
 from stream_dp.preprocessing.public_scaler import PublicScaler
 from stream_dp.preprocessing.scaled_learner import ScaledLearner

@@ -24,6 +24,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
+from stream_dp.online.composition import OWN_LEDGER
 from stream_dp.preprocessing.affine import AffineScaler, check_bounds, schema_names
 from stream_dp.privacy.budget import (
     BudgetExhausted,
@@ -188,6 +189,9 @@ class PrivateScaler(AffineScaler):
             budget = zcdp_budget(epsilon, delta, conversion)
             budget.accountant.private = self.private
             self.bind_budget(budget, own=True)
+
+    def _more_tags(self) -> set[str]:
+        return {OWN_LEDGER}  # in a pipeline; inside ScaledLearner it shares the learner's
 
     def _init_map(self, scaled: tuple, lower: np.ndarray, upper: np.ndarray, schema) -> None:
         super()._init_map(scaled, lower, upper, schema)

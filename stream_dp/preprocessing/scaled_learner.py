@@ -25,6 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 from river import base
 
+from stream_dp.online.composition import PRIVATE_LEARNER
 from stream_dp.preprocessing.affine import AffineScaler
 from stream_dp.preprocessing.private_scaler import PrivateScaler
 
@@ -101,6 +102,9 @@ class ScaledLearner(base.Estimator):
     """
 
     _variants: dict[str, type] = {}
+
+    def _more_tags(self) -> set[str]:
+        return {PRIVATE_LEARNER}
 
     def __new__(cls, scaler=None, learner=None):
         # river recognises a classifier or a transformer by its class, as for the learners.

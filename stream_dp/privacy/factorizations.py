@@ -39,7 +39,6 @@ __all__ = [
     "BinaryTree",
     "Independent",
     "sqrt_toeplitz_coefficients",
-    "factorization_from_state",
 ]
 
 
@@ -359,26 +358,3 @@ class BinaryTree(Factorization):
 
     def state_dict(self) -> dict:
         return {"kind": self.name}
-
-
-def factorization_from_state(state: dict) -> Factorization:
-    """Rebuild a factorization from its ``state_dict()``.
-
-    Examples
-    --------
-    >>> factorization_from_state(SqrtToeplitz().state_dict())
-    SqrtToeplitz()
-
-    """
-    kind = state.get("kind")
-    if kind == SqrtToeplitz.name:
-        return SqrtToeplitz()
-    if kind == Independent.name:
-        return Independent()
-    if kind == BinaryTree.name:
-        return BinaryTree()
-    if kind == "blt":
-        from stream_dp.privacy.blt import BLT
-
-        return BLT.from_state_dict(state)
-    raise ValueError(f"unknown factorization {kind!r}")

@@ -29,18 +29,18 @@ import numpy as np
 from stream_dp.privacy.blt import BLT
 from stream_dp.privacy.correlated_noise import CorrelatedNoise
 from stream_dp.privacy.events import GaussianEvent, gaussian_rho
-from stream_dp.privacy.factorizations import (
-    BinaryTree,
-    Factorization,
-    Independent,
-    SqrtToeplitz,
-    factorization_from_state,
-)
+from stream_dp.privacy.factorizations import BinaryTree, Factorization, Independent, SqrtToeplitz
 from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.privacy.unbounded_blt import UNBOUNDED_HORIZONS, unbounded_blt
 
-__all__ = ["MECHANISM_NAME", "MFMechanism", "make_factorization", "NOISES"]
+__all__ = [
+    "MECHANISM_NAME",
+    "MFMechanism",
+    "NOISES",
+    "factorization_from_state",
+    "make_factorization",
+]
 
 #: The ledger's name for the one charge of a stream's correlated gradient noise.
 MECHANISM_NAME = "gaussian-correlated"
@@ -75,6 +75,27 @@ def make_factorization(
     if noise == "sqrt-toeplitz":
         return SqrtToeplitz()
     raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
+
+
+def factorization_from_state(state: dict) -> Factorization:
+    """Rebuild a factorization from its ``state_dict()``.
+
+    Examples
+    --------
+    >>> factorization_from_state(SqrtToeplitz().state_dict())
+    SqrtToeplitz()
+
+    """
+    kind = state.get("kind")
+    if kind == SqrtToeplitz.name:
+        return SqrtToeplitz()
+    if kind == Independent.name:
+        return Independent()
+    if kind == BinaryTree.name:
+        return BinaryTree()
+    if kind == BLT.name:
+        return BLT.from_state_dict(state)
+    raise ValueError(f"unknown factorization {kind!r}")
 
 
 class MFMechanism:
