@@ -1,4 +1,5 @@
-"""Shared fixtures for the core test suite: datasets and small synthetic streams."""
+"""Shared fixtures for the core test suite: datasets, small synthetic streams, and the list of
+offline estimators every offline test runs."""
 
 from __future__ import annotations
 
@@ -12,8 +13,32 @@ import pytest
 
 import stream_dp
 from connectors.clients import CLIENTS, client
+from stream_dp import offline
 
-__all__ = ["kafka_client", "pima", "pima_split", "stream_factory", "quiet_exhaustion"]
+__all__ = [
+    "OFFLINE_ESTIMATORS",
+    "PURE_OFFLINE",
+    "SUPERVISED_OFFLINE",
+    "kafka_client",
+    "pima",
+    "pima_split",
+    "quiet_exhaustion",
+    "stream_factory",
+]
+
+#: Every offline estimator of ``stream_dp.offline``, by name: the tests that run each of them
+#: take them from here, so an estimator added to the package is tested everywhere.
+OFFLINE_ESTIMATORS: dict[str, type] = {
+    name: cls
+    for name in sorted(offline.__all__)
+    if isinstance(cls := getattr(offline, name), type)
+    and issubclass(cls, offline.OfflinePairwiseBase)
+    and cls is not offline.OfflinePairwiseBase
+}
+#: Those that learn from labelled records (DPPDML learns from labelled pairs).
+SUPERVISED_OFFLINE = {n: c for n, c in OFFLINE_ESTIMATORS.items() if n != "DPPDML"}
+#: The supervised ones that also have a pure ε-DP variant (``delta=0``, Laplace noise).
+PURE_OFFLINE = frozenset(n for n, c in SUPERVISED_OFFLINE.items() if c._supports_pure)
 
 _HERE = Path(__file__).resolve().parent
 # Where the public datasets may live: an explicit directory, the test-local copy, the copies

@@ -9,17 +9,11 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import PURE_OFFLINE, SUPERVISED_OFFLINE
 
 from stream_dp.offline import (
-    DPEGD,
-    DPGDC,
     DPGDC2,
-    DPGDSC,
     DPPDML,
-    GradPerturb,
-    OffPairC,
-    OffPairStrC,
-    PairwiseSGD,
     random_pair_graph,
 )
 from stream_dp.privacy.events import ApproxDPEvent, GaussianEvent, LaplaceEvent
@@ -122,23 +116,26 @@ def _expected(name, task, est, delta):
     raise AssertionError(name)
 
 
+#: The settings these tests give each supervised estimator (the rest: its defaults).
+SETTINGS = {
+    "OffPairStrC": dict(alpha=2.0),
+    "DPGDSC": dict(alpha=0.5, n_iter=15),
+    "DPGDC": dict(n_iter=6),
+    "DPGDC2": dict(n_iter=5),
+    "GradPerturb": dict(n_iter=4),
+    "PairwiseSGD": dict(n_iter=2 * N),
+}
+
+
 def _make(name, task, delta, seed):
     common = dict(task=task, epsilon=0.7, delta=delta, data_radius=R, seed=seed, reproducible=True)
-    return {
-        "OffPairStrC": lambda: OffPairStrC(alpha=2.0, **common),
-        "OffPairC": lambda: OffPairC(**common),
-        "DPGDSC": lambda: DPGDSC(alpha=0.5, n_iter=15, **common),
-        "DPGDC": lambda: DPGDC(n_iter=6, **common),
-        "DPEGD": lambda: DPEGD(**common),
-        "DPGDC2": lambda: DPGDC2(n_iter=5, **common),
-        "GradPerturb": lambda: GradPerturb(n_iter=4, **common),
-        "PairwiseSGD": lambda: PairwiseSGD(n_iter=2 * N, **common),
-    }[name]()
+    return SUPERVISED_OFFLINE[name](**SETTINGS.get(name, {}), **common)
 
 
-OUTPUT = ["OffPairStrC", "OffPairC", "DPGDSC", "DPGDC", "DPEGD", "PairwiseSGD"]
+#: Where each estimator's noise enters: its output, or every gradient.
 GRADIENT = ["DPGDC2", "GradPerturb"]
-PURE = {"OffPairStrC", "OffPairC", "DPGDSC", "DPGDC", "DPEGD"}
+OUTPUT = [name for name in SUPERVISED_OFFLINE if name not in GRADIENT]
+PURE = PURE_OFFLINE
 CASES = [
     (name, task, delta)
     for name in OUTPUT + GRADIENT

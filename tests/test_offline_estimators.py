@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import PURE_OFFLINE, SUPERVISED_OFFLINE
 
 from stream_dp.constraints import L2Ball, PSDFrobeniusBall, PSDNuclearBall
 from stream_dp.datasets import data_path
@@ -20,7 +21,6 @@ from stream_dp.offline import (
     DPGDSC,
     DPPDML,
     GradPerturb,
-    OffPairC,
     OffPairStrC,
     PairwiseSGD,
     appendix_kappa,
@@ -30,17 +30,13 @@ from stream_dp.offline import (
 from stream_dp.privacy.accountant import ApproxDPAccountant, PureDPAccountant, ZCDPAccountant
 from stream_dp.records import InvalidRecord
 
+#: Each supervised estimator with the settings these tests give it (the rest: its defaults).
+SETTINGS = {"OffPairStrC": dict(alpha=1.0), "DPGDSC": dict(alpha=0.1, n_iter=30)}
 FACTORIES = {
-    "OffPairStrC": lambda **k: OffPairStrC(alpha=1.0, **k),
-    "OffPairC": lambda **k: OffPairC(**k),
-    "DPGDSC": lambda **k: DPGDSC(alpha=0.1, n_iter=30, **k),
-    "DPGDC": lambda **k: DPGDC(**k),
-    "DPGDC2": lambda **k: DPGDC2(**k),
-    "DPEGD": lambda **k: DPEGD(**k),
-    "GradPerturb": lambda **k: GradPerturb(**k),
-    "PairwiseSGD": lambda **k: PairwiseSGD(**k),
+    name: lambda cls=cls, name=name, **k: cls(**SETTINGS.get(name, {}), **k)
+    for name, cls in SUPERVISED_OFFLINE.items()
 }
-PURE = {"OffPairStrC", "OffPairC", "DPGDSC", "DPGDC", "DPEGD"}
+PURE = PURE_OFFLINE
 
 
 @pytest.fixture(scope="module")

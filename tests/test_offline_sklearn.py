@@ -22,6 +22,7 @@ import pytest
 
 sklearn = pytest.importorskip("sklearn")
 
+from conftest import OFFLINE_ESTIMATORS, SUPERVISED_OFFLINE  # noqa: E402
 from sklearn.base import clone, is_classifier  # noqa: E402
 from sklearn.exceptions import NotFittedError  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
@@ -33,15 +34,11 @@ from sklearn.utils import get_tags  # noqa: E402
 from sklearn.utils.estimator_checks import check_estimator  # noqa: E402
 
 from stream_dp.offline import (  # noqa: E402
-    DPEGD,
     DPGDC,
     DPGDC2,
     DPGDSC,
     DPPDML,
-    GradPerturb,
     OffPairC,
-    OffPairStrC,
-    PairwiseSGD,
     expected_failed_checks,
     random_pair_graph,
 )
@@ -49,8 +46,8 @@ from stream_dp.offline.base import make_constraint  # noqa: E402
 from stream_dp.offline.li import _draw_pairs, degree_kappa  # noqa: E402
 from stream_dp.privacy.noise import KeyedNoise  # noqa: E402
 
-CLASSES = [DPEGD, DPGDC, DPGDC2, DPGDSC, GradPerturb, OffPairC, OffPairStrC, PairwiseSGD, DPPDML]
-SUPERVISED = [c for c in CLASSES if c is not DPPDML]
+CLASSES = list(OFFLINE_ESTIMATORS.values())
+SUPERVISED = list(SUPERVISED_OFFLINE.values())
 CONFIGS = [
     (cls, task, repro)
     for cls in CLASSES
