@@ -34,6 +34,7 @@ from stream_dp.losses import LogisticAUCLoss, LogisticMetricLoss, Regularized, b
 from stream_dp.online.mechanism import (
     CompiledMechanism,
     hook_admit,
+    hook_begin,
     hook_gradient_noise,
     hook_observe,
     hook_release,
@@ -169,10 +170,12 @@ def _step(S, t0, j, x, y):  # pragma: no cover - compiled
 
 
 def _run_one(S, t0, x, y):  # pragma: no cover - compiled
+    hook_begin(S.mech)
     _step(S, t0, 0, x, y)
 
 
 def _run_many(S, t0, X, Y, m):  # pragma: no cover - compiled
+    hook_begin(S.mech)
     for j in range(m):
         _step(S, t0, j, X[j], Y[j])
 

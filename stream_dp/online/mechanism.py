@@ -44,6 +44,7 @@ __all__ = [
     "Unperturbed",
     "compiled_hooks",
     "hook_admit",
+    "hook_begin",
     "hook_gradient_noise",
     "hook_observe",
     "hook_release",
@@ -171,6 +172,11 @@ class CompiledMechanism:
 # record type. They are never called from Python.
 
 
+def hook_begin(settings):  # pragma: no cover - compiled only
+    """A compiled run starts (default: nothing; a mechanism resets what it counts per run)."""
+    raise NotImplementedError
+
+
 def hook_releases_at(settings, t):  # pragma: no cover - compiled only
     """Whether step t publishes a model (default: never)."""
     raise NotImplementedError
@@ -204,6 +210,10 @@ def hook_admit(settings, slots, olds, ids, n_after):  # pragma: no cover - compi
 _NO_NOISE = np.zeros(0)
 
 
+def _start(settings):  # pragma: no cover - compiled only
+    return None
+
+
 def _never(settings, t):  # pragma: no cover - compiled only
     return False
 
@@ -225,6 +235,7 @@ def _nothing(settings, slots, olds, ids, n_after):  # pragma: no cover - compile
 
 
 _HOOKS: dict[str, tuple[Callable, Callable]] = {
+    "begin": (hook_begin, _start),
     "releases_at": (hook_releases_at, _never),
     "observe": (hook_observe, _untracked),
     "gradient_noise": (hook_gradient_noise, _no_noise),
@@ -237,9 +248,9 @@ def compiled_hooks(settings: type, **hooks: Callable) -> None:
     """Register the compiled hooks of the settings record type ``settings``.
 
     Each hook is a plain function written for numba's nopython mode, taking the record first
-    (``releases_at``, ``observe``, ``gradient_noise``, ``release``, ``admit``: the signatures of
-    :func:`hook_releases_at` … :func:`hook_admit`); a hook left out keeps its default. Without
-    numba nothing is registered (the learners then take the reference step anyway).
+    (``begin``, ``releases_at``, ``observe``, ``gradient_noise``, ``release``, ``admit``: the
+    signatures of :func:`hook_begin` … :func:`hook_admit`); a hook left out keeps its default.
+    Without numba nothing is registered (the learners then take the reference step anyway).
 
     Examples
     --------
@@ -257,28 +268,23 @@ def compiled_hooks(settings: type, **hooks: Callable) -> None:
     if not NUMBA_INSTALLED:
         return
     for name, (stub, default) in _HOOKS.items():
-        _overload_for(stub, settings, _jitable(hooks.get(name, default)))
+        # The hook's own function is the body numba compiles for this record type, inlined
+        # where the compiled step calls it (a call would cost a tenth of a step); not strict:
+        # its parameters may be named otherwise than the stub's.
+        typer = _typer(settings, hooks.get(name, default))
+        numba.extending.overload(stub, inline="always", strict=False)(typer)
 
 
-_JITABLE: dict[Callable, Callable] = {}
-
-
-def _jitable(fn: Callable) -> Callable:
-    """``fn`` made callable from compiled code, once (a default serves many record types)."""
-    if fn not in _JITABLE:
-        _JITABLE[fn] = numba.extending.register_jitable(fn)
-    return _JITABLE[fn]
-
-
-def _overload_for(stub: Callable, settings: type, impl: Callable) -> None:
+def _typer(settings: type, impl: Callable) -> Callable:
+    """numba's typing of a hook: ``impl`` for a record of type ``settings``, else not ours."""
     from numba.core import types
 
     def typer(record, *args):
         if isinstance(record, types.BaseNamedTuple) and record.instance_class is settings:
-            return lambda record, *args: impl(record, *args)
+            return impl
         return None
 
-    numba.extending.overload(stub)(typer)
+    return typer
 
 
 # -- the non-private baseline ------------------------------------------------------------------

@@ -126,7 +126,7 @@ class PrivacyBudget:
                     f"release at step {event.step} costs {cost:.3g} but only "
                     f"{self.remaining():.3g} of the budget remains"
                 )
-        if type(event) is ApproxDPEvent and self.delta_limit is not None:
+        if self.delta_limit is not None and type(event) is ApproxDPEvent:
             deltas = acc.delta_spent([event.delta])
             if deltas > self.delta_limit:
                 raise BudgetExhausted(f"δ budget {self.delta_limit} would be exceeded ({deltas})")

@@ -128,19 +128,20 @@ class Ledger:
         """Store one event, or the rows of a batch (steps not below :attr:`last_step`; the
         accountant checks that before)."""
         kind = type(event)
-        if kind is GaussianEvents:
+        if kind is GaussianEvent or kind is LaplaceEvent:
+            step, sens, scale, name = event
+        elif kind is GaussianEvents:
             self._extend_gaussian(event)
             return
-        if kind is ApproxDPEvent:
+        else:
+            step, sens, scale, eps, delta, name = event
             self._sp_idx.append(len(self._steps))
-            self._sp_eps.append(float(event.epsilon))
-            self._sp_delta.append(float(event.delta))
-        # Every kind starts with (step, sensitivity, σ or scale) and ends with its name.
-        step = event[0]
+            self._sp_eps.append(float(eps))
+            self._sp_delta.append(float(delta))
         self._steps.append(step)
-        self._mech.append(MECHANISM_CODES[event[-1]])
-        self._sens.append(event[1])
-        self._scale.append(event[2])
+        self._mech.append(MECHANISM_CODES[name])
+        self._sens.append(sens)
+        self._scale.append(scale)
         self.last_step = step
         self.n_rows += 1
         if len(self._steps) == CHUNK:
