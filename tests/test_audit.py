@@ -1,13 +1,14 @@
 """The empirical DP audit: its statistics are valid, its canary is tight, and it has power.
 
-Acceptance (issue 6, issue 11 item 5):
+What must hold:
+
 1. OnPairStrC (AUC and metric) and the offline output-perturbation algorithms OffPairStrC and
    OffPairC audit below their claims, and the audit predicts that it would catch the same
    configuration with its release noise halved;
 2. the test-only variants whose release noise is halved (σ/2) are caught, and those whose noise
    is divided by 4 are caught by the (ε, δ) test itself.
 
-The acceptance runs are CI-sized (6000 trials per world instead of the default 200 000): the GDP
+The runs are CI-sized (6000 trials per world instead of the default 200 000): the GDP
 test catches σ/2 at that size already; the (ε, δ) test needs the default size for σ/2
 (``docs/privacy.md``, *Empirical audit*, has the measured default runs). Statistical tests use
 fixed seeds; the tolerances are derived in each test.

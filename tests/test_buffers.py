@@ -1,6 +1,6 @@
 """Buffers: bounded size and memory, and membership that never depends on record values.
 
-Acceptance criterion 3: FIFO and reservoir buffers never hold more than their size over long
+FIFO and reservoir buffers never hold more than their size over long
 streams (and their memory stays bounded), and for all three kinds the membership (``ids``) is
 identical for two streams with different values and the same secret.
 """

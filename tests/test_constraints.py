@@ -1,6 +1,6 @@
 """Constraint sets: the projections are exact, non-expansive, and land in the set.
 
-Acceptance criterion 2 (projections): each projection agrees to 1e-6 with a brute-force convex
+Each projection agrees to 1e-6 with a brute-force convex
 solve, for the L2 ball, PSD ∩ Frobenius ball and PSD ∩ nuclear ball, at small d (2–4).
 
 The brute-force solvers are chosen so that they do not rely on what they check:

@@ -1,6 +1,6 @@
 """zCDP ↔ (ε, δ) conversions and ledger composition, cross-checked against Google's dp-accounting.
 
-Acceptance criterion 1: our conversions match ``dp_accounting`` (a ``ZCDpEvent`` composed in an
+Our conversions match ``dp_accounting`` (a ``ZCDpEvent`` composed in an
 ``RdpAccountant`` with a dense grid of orders) to 1e-3 relative in both directions; the OpenDP
 reference vector (ρ = 1/32, δ = 1e-3 → ε = 0.6880024555) to 1e-6; and
 ``exact Gaussian ε ≤ tight ε ≤ paper ε`` on a grid of (ρ, δ).

@@ -1,6 +1,6 @@
 """Pairwise losses: gradients, and the constants G and L the privacy proof relies on.
 
-Acceptance criterion 2 (losses): finite-difference gradient checks for the four pairwise losses,
+Finite-difference gradient checks for the four pairwise losses,
 ``Regularized`` and the contrastive per-pair gradients; on random clipped data, including
 adversarial extreme-norm pairs, no per-pair gradient exceeds G and no gradient difference
 exceeds ``L·‖w − w'‖``.

@@ -329,7 +329,7 @@ def test_without_a_share_nothing_is_released_or_charged() -> None:
     assert MECHANISM not in {e.mechanism for e in model.accountant.ledger}
 
 
-# --- criterion: no raw penalty leaves the process ----------------------------------------------
+# --- no raw penalty leaves the process -------------------------------------------------------
 
 _NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?")
 

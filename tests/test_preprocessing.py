@@ -2,7 +2,7 @@
 sensitivity and noise against the formulas (a σ/2 variant fails), an empirical audit on
 neighbouring streams with a shared secret, one budget and one ledger per model under ``clone()``
 and river pipelines, batches equal to single records, replays, bad input, the pipeline check,
-and the mechanism of the criterion-4 benchmark on the bank data."""
+and the private scaler of the utility benchmark on the bank data."""
 
 from __future__ import annotations
 
@@ -356,7 +356,7 @@ def test_check_pipeline_flags_stateful_and_separately_charged_steps_only() -> No
     assert len(two_ledgers) == 1 and "ScaledLearner" in two_ledgers[0]
 
 
-# --- criterion 4: the benchmark's mechanism on the bank data ---------------------------------
+# --- the utility benchmark's private scaler on the bank data -------------------------------
 
 
 def _benchmark():

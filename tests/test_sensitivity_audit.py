@@ -1,6 +1,6 @@
 """Sensitivity audit: neighbouring streams never move the iterate further than the noise assumes.
 
-Acceptance criterion 4. For each buffer type (``all``, ``fifo``, ``reservoir``) at least 200
+For each buffer type (``all``, ``fifo``, ``reservoir``) at least 200
 neighbouring streams — spread over OnPairStrC and OnPairC, AUC and metric — differ from a base
 stream in one record: placed first, at the end of the warm-up, at the first learned step, last,
 at random, and on the record the reservoir keeps longest; replaced by an extreme-norm record with
