@@ -36,6 +36,13 @@ FORBIDDEN = [
 
 #: The floor: the mathematics every algorithm shares imports no algorithm and no application.
 FLOOR = ("losses", "constraints", "linalg", "_jit", "sensitivity", "records", "huai", "metrics")
+#: The privacy layer stands on the floor beside the mathematics: of the library it imports only
+#: the numba switch (and, from ``connectors``, the record-error type).
+FORBIDDEN.append(
+    ("privacy", tuple(f"stream_dp.{m}" for m in FLOOR if m != "_jit")
+                + ("stream_dp.preprocessing", "stream_dp.buffers", "stream_dp.regret",
+                   "stream_dp.checkpoint", "stream_dp.datasets"))
+)  # fmt: skip
 FORBIDDEN.append(
     ("floor", ("stream_dp.online", "stream_dp.offline", "stream_dp.engine", "stream_dp.apps",
                "stream_dp.privacy"))

@@ -40,8 +40,8 @@ import struct
 
 import numpy as np
 
+from connectors.schema import RecordError
 from stream_dp.privacy.secrets import derive_secret, new_secret
-from stream_dp.records import InvalidRecord
 
 __all__ = ["ContributionBound", "DROP_REASONS", "MAX_EVENTS", "MAX_STEP", "unit_bytes"]
 
@@ -92,7 +92,7 @@ def unit_bytes(unit) -> bytes:
     if isinstance(unit, bytearray | memoryview):
         return bytes(unit)
     if unit is None:
-        raise InvalidRecord(
+        raise RecordError(
             "unit_key",
             "a record without a unit key cannot be learned under a unit-level guarantee "
             "(its contribution would not be bounded)",
@@ -101,7 +101,7 @@ def unit_bytes(unit) -> bytes:
         return str(unit).encode("utf-8", "surrogatepass")
     if isinstance(unit, int) and not isinstance(unit, bool):
         return str(int(unit)).encode()
-    raise InvalidRecord(
+    raise RecordError(
         "unit_key",
         f"a unit key is a str, an int or bytes, got {type(unit).__name__} ({unit!r}): a float "
         "or a bool would name a unit ambiguously",
@@ -214,7 +214,7 @@ class ContributionBound:
         ``step`` is the learner's next step (steps taken so far + 1); on admission the learner
         must take it, so steps of admitted events strictly increase (a ValueError otherwise — a
         learner and a bound restored from different checkpoints). A dropped event is counted in
-        :attr:`dropped` and changes nothing else. Raises :class:`~stream_dp.records.InvalidRecord`
+        :attr:`dropped` and changes nothing else. Raises :class:`~connectors.schema.RecordError`
         for a missing or ambiguous key, leaving the state untouched.
         """
         # The common case — a unit in the cache, a valid step — in as few operations as possible.
@@ -237,7 +237,7 @@ class ContributionBound:
         unit (hash and probe) or insert it, and cache it. Written out in one function: a stream
         where many units are new takes this path often."""
         step = self._check_step(step)
-        ref = unit if type(unit) is str else _reference(unit)  # InvalidRecord: not a unit key
+        ref = unit if type(unit) is str else _reference(unit)  # RecordError: not a unit key
         states = self._states
         state = states.get(ref)
         if state is None:
@@ -303,7 +303,7 @@ class ContributionBound:
         """:meth:`admit` for each unit in order; admitted events take ``first_step``,
         ``first_step + 1``, … Returns the boolean mask of admitted events.
 
-        An invalid key raises :class:`~stream_dp.records.InvalidRecord` after the events before it
+        An invalid key raises :class:`~connectors.schema.RecordError` after the events before it
         were decided, as the learners' ``learn_many`` does with an invalid row.
 
         Examples
