@@ -265,9 +265,22 @@ def _ledger(cfg: dict, journal: bool = False):
 
 
 @pytest.mark.parametrize(
-    ("journal", "algorithm"),
-    [(False, "OnPairStrC"), (True, "OnPairStrC"), (False, "OnPairMF")],
-    ids=["ledger-in-checkpoint", "ledger-journal", "onpairmf"],
+    ("journal", "algorithm", "kafka_client"),
+    # Both learners on both clients; where the ledger lives is the engine's affair, not the
+    # client's: each client runs one of the two (CI time).
+    [
+        (False, "OnPairStrC", "kafka-python"),
+        (True, "OnPairStrC", "confluent-kafka"),
+        (False, "OnPairMF", "kafka-python"),
+        (False, "OnPairMF", "confluent-kafka"),
+    ],
+    ids=[
+        "ledger-in-checkpoint-kafka-python",
+        "ledger-journal-confluent-kafka",
+        "onpairmf-kafka-python",
+        "onpairmf-confluent-kafka",
+    ],
+    indirect=["kafka_client"],
 )
 def test_sigkill_three_times_loses_nothing(
     kafka_broker: KafkaBroker, unique_name, tmp_path, journal: bool, algorithm: str, kafka_client
