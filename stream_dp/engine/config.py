@@ -205,7 +205,8 @@ class KafkaConfig(_Strict):
         "kafka-python",
         description="The Kafka client every part of the engine talks to Kafka with: "
         '"kafka-python" (pure Python, a core dependency) or "confluent-kafka" (librdkafka, in '
-        "C: the engine runs several times faster; the confluent extra). Same exactly-once "
+        "C, the confluent extra: its per-message work is ~9 times cheaper, the engine ~1.4 times "
+        "faster with a release per record). Same exactly-once "
         'contract and diagnostics on both (docs/performance.md, "Which client").',
     )
 
