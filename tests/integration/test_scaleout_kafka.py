@@ -55,7 +55,9 @@ PARTITIONS = 4
 SESSION_MS = 6000
 
 
-def _config(tmp: Path, bootstrap: str, names: dict, instance: str, client: str) -> dict:
+def _config(
+    tmp: Path, bootstrap: str, names: dict, instance: str, client: str = "kafka-python"
+) -> dict:
     cfg = engine_config(tmp, bootstrap, names, client, seed=None)
     cfg["source"]["max_idle_seconds"] = 15.0
     cfg["checkpoint"].update(every_records=500, every_seconds=2.0)
@@ -202,7 +204,7 @@ def test_two_instances_one_killed_then_a_third_joins(
 
 
 def _machine(
-    tmp_path: Path, bootstrap: str, names: dict, name: str, client: str
+    tmp_path: Path, bootstrap: str, names: dict, name: str, client: str = "kafka-python"
 ) -> tuple[Path, dict]:
     """A second machine: its own, empty state directory; the same group and checkpoint topic."""
     home = tmp_path / name
