@@ -98,9 +98,19 @@ class _ReleaseReader:
             consumer.seek(tp, offset)
 
     def __iter__(self) -> Iterator[Any]:
+        from connectors._retry import is_retriable
+
         quiet_since = time.monotonic()
         while time.monotonic() - quiet_since < self._idle_seconds:
-            polled = self._consumer.poll(timeout_ms=min(500, int(self._idle_seconds * 1000)))
+            try:
+                polled = self._consumer.poll(timeout_ms=min(500, int(self._idle_seconds * 1000)))
+            except Exception as err:
+                # A broker that is starting or away (e.g. its group coordinator loading):
+                # counted as silence, like kafka-python's consumer, which keeps quiet.
+                if not is_retriable(err):
+                    raise
+                time.sleep(0.2)
+                continue
             for records in polled.values():
                 yield from records
             if polled:
