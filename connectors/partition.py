@@ -96,11 +96,17 @@ class PartitionSource:
         return self.positions()
 
     def seek(self, positions: Mapping[str, Any]) -> None:
-        """Resume at the checkpoint's position of this partition (others are ignored)."""
+        """Resume at the checkpoint's position of this partition (others are ignored).
+
+        A learner that resumes seeks before it reads anything, and may publish the cycle its
+        previous owner left (offsets included) before its first poll: the group metadata is
+        taken here too, on the thread that drives the consumer.
+        """
         for (topic, part), offset in _parse_kafka_positions(positions).items():
             if (topic, part) == (self.topic, self.partition):
                 with self._lock:
                     self.consumer.seek(self.tp, offset)
+                    self._group_metadata = self.consumer.group_metadata()
                 self.next = offset
 
     def messages(self, records: list[Any]) -> list[SourceMessage]:

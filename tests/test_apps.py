@@ -55,3 +55,19 @@ def test_each_app_has_a_description_and_shows_its_defaults(command, defaults, ca
     assert "Exit codes" in text
     for default in defaults:
         assert default in " ".join(text.split()), (command, default)
+
+
+@pytest.mark.parametrize("command", ["produce", "watch", "merge"])
+def test_a_client_that_is_not_installed_is_one_line_and_exit_code_2(command, capsys, monkeypatch):
+    import connectors.clients
+    from stream_dp.cli import main
+
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)
+    monkeypatch.setattr(connectors.clients, "_CLIENTS", {})
+    argv = [command, "--client", "confluent-kafka", "--bootstrap", "127.0.0.1:1"]
+    if command == "merge":
+        argv += ["--model", "m"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--client" in err and "stream-dp[confluent]" in err

@@ -1087,3 +1087,30 @@ def test_offsets_go_with_their_consumers_group_metadata(
         assert len(sent) == tries + 1, "fencing is final: no retry"
     Producer.refuse = None
     pub.close()
+
+
+def test_a_resumed_partition_publishes_with_its_consumers_group_metadata() -> None:
+    """KIP-447 in scale-out: a partition learner that resumes from a checkpoint seeks, then
+    may publish the cycle its previous owner left before it has polled anything; the offsets
+    of that publication carry the consumer's group metadata of the generation that assigned
+    the partition (confluent-kafka refuses a transactional offset commit without it)."""
+    from kafka import OffsetAndMetadata, TopicPartition
+
+    from connectors.partition import PartitionSource
+
+    class Consumer:
+        generation = 0
+
+        def seek(self, tp: Any, offset: int) -> None:
+            pass
+
+        def group_metadata(self) -> Any:
+            return ("g", Consumer.generation)
+
+    consumer = Consumer()
+    src = PartitionSource(consumer, "in", 3, "g")
+    Consumer.generation = 4  # joined, partition 3 assigned
+    src.seek({"in:3": 120, "in:1": 7})
+    offsets = src.offsets(tag="r 1")
+    assert dict(offsets) == {TopicPartition("in", 3): OffsetAndMetadata(120, "stream-dp/1 r 1", -1)}
+    assert offsets.group_metadata == ("g", 4)

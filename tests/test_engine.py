@@ -802,6 +802,29 @@ def test_the_learners_own_refusals_are_config_errors(tmp_path):
         load_config(path)
 
 
+def test_the_kafka_client_is_a_validated_choice(tmp_path, capsys, monkeypatch):
+    import connectors.clients
+
+    path = tmp_path / "e.toml"
+    base = (
+        '[model]\nfeatures = ["a"]\n[source]\nkind = "jsonl"\npath = "in.jsonl"\n'
+        '[releases]\nkind = "stdout"\n[dead_letters]\nkind = "stdout"\n[checkpoint]\npath = "c"\n'
+    )
+    path.write_text(base)
+    assert load_config(path).kafka.client == "kafka-python"
+    path.write_text(base + '[kafka]\nclient = "librdkafka"\n')
+    with pytest.raises(ConfigError, match="kafka.client"):
+        load_config(path)
+    # Chosen but not installed: exit code 2, one line naming the extra.
+    path.write_text(base + '[kafka]\nclient = "confluent-kafka"\n')
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)
+    monkeypatch.setattr(connectors.clients, "_CLIENTS", {})
+    capsys.readouterr()
+    assert cli_main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kafka.client" in err and "stream-dp[confluent]" in err
+
+
 @pytest.mark.parametrize("name", ["engine.example.toml", "engine.onpairmf.toml"])
 def test_the_deployed_example_configs_are_valid(name):
     path = Path(__file__).resolve().parents[1] / "deploy" / name

@@ -212,17 +212,17 @@ def _merge(args: argparse.Namespace) -> int:
 
     if args.partitions is not None and args.partitions < 1:
         raise BadArgument("--partitions must be at least 1")
-    probe(args.bootstrap, [args.topic])
+    probe(args.bootstrap, [args.topic], args.client)
     out_topic = args.to or f"{args.topic}.merged"
     prefix = f"{args.model}/p"
-    consumer = release_consumer(args.bootstrap, args.topic, args.idle_seconds)
+    consumer = release_consumer(args.bootstrap, args.topic, args.idle_seconds, args.client)
     latest: dict[str, Any] = {}
     published = 0
     last, dirty = -float("inf"), False
     waiting_until = time.monotonic() + args.wait
     history = _history_end(consumer, args.topic)
     try:
-        with KafkaSink(out_topic, args.bootstrap) as sink:
+        with KafkaSink(out_topic, args.bootstrap, client=args.client) as sink:
 
             def publish() -> None:
                 nonlocal published, last, dirty

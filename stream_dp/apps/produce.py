@@ -67,18 +67,18 @@ def _produce(args: argparse.Namespace) -> int:
         raise BadArgument(f"--dataset: {err}") from None
     if args.partitions is not None and args.partitions < 1:
         raise BadArgument("--partitions must be at least 1")
-    probe(args.bootstrap)
+    probe(args.bootstrap, client=args.client)
     if args.partitions is not None:
         from connectors.admin import connect, ensure_topic
 
-        admin = connect(args.bootstrap, timeout_s=20.0, what="--bootstrap")
+        admin = connect(args.bootstrap, timeout_s=20.0, what="--bootstrap", client=args.client)
         try:
             ensure_topic(admin, args.topic, partitions=args.partitions)
         finally:
             admin.close()
     names = data.feature_names
     sent = bad = 0
-    with KafkaSink(args.topic, args.bootstrap) as sink:
+    with KafkaSink(args.topic, args.bootstrap, client=args.client) as sink:
         for i, (x, y) in enumerate(zip(data.X_stream, data.y_stream, strict=True)):
             rec = {"x": dict(zip(names, (float(v) for v in x), strict=True)), "y": bool(y)}
             key = None if args.partitions is None else f"record-{i}"

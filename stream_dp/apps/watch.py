@@ -79,8 +79,8 @@ def _watch(args: argparse.Namespace) -> int:
             test = prepare(args.dataset)
         except ValueError as err:
             raise BadArgument(f"--dataset: {err}") from None
-    probe(args.bootstrap, [args.topic])
-    consumer = release_consumer(args.bootstrap, args.topic, args.idle_seconds)
+    probe(args.bootstrap, [args.topic], args.client)
+    consumer = release_consumer(args.bootstrap, args.topic, args.idle_seconds, args.client)
     head = f"{'step':>8} {'release':>8} {'ε spent':>9} {'‖w‖':>7}"
     if test is not None:
         head += " test AUC" + (f" AUC(mean of {args.smooth})" if args.smooth > 1 else "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from connectors.clients import DEFAULT_CLIENT
 from stream_dp.engine.config import EngineConfig, SinkConfig, SourceConfig
 
 __all__ = ["build_learner", "build_sink", "build_source"]
@@ -12,7 +13,8 @@ def build_learner(config: EngineConfig):
     return config.model.build()
 
 
-def build_source(cfg: SourceConfig):
+def build_source(cfg: SourceConfig, *, client: str = DEFAULT_CLIENT):
+    """The source ``cfg`` describes; a Kafka one reads with ``client`` (``kafka.client``)."""
     from connectors.sources import CsvSource, JsonlSource, KafkaSource
 
     if cfg.kind == "kafka":
@@ -22,6 +24,7 @@ def build_source(cfg: SourceConfig):
             cfg.group_id,
             partitions=cfg.partitions,
             max_idle_seconds=cfg.max_idle_seconds,
+            client=client,
             **cfg.security,
         )
     if cfg.kind == "jsonl":
@@ -29,12 +32,13 @@ def build_source(cfg: SourceConfig):
     return CsvSource(cfg.path, cfg.label_column, cfg.feature_columns)
 
 
-def build_sink(cfg: SinkConfig, *, private: bool = False):
-    """A plain sink; ``private`` files (dead letters: raw records) are created mode 0600."""
+def build_sink(cfg: SinkConfig, *, private: bool = False, client: str = DEFAULT_CLIENT):
+    """A plain sink; ``private`` files (dead letters: raw records) are created mode 0600, a
+    Kafka one writes with ``client`` (``kafka.client``)."""
     from connectors.sinks import JsonlSink, KafkaSink, StdoutSink
 
     if cfg.kind == "kafka":
-        return KafkaSink(cfg.topic, cfg.bootstrap_servers, **cfg.security)
+        return KafkaSink(cfg.topic, cfg.bootstrap_servers, client=client, **cfg.security)
     if cfg.kind == "jsonl":
         return JsonlSink(cfg.path, file_mode=0o600 if private else None)
     return StdoutSink()

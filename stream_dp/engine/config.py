@@ -36,6 +36,7 @@ Example (``deploy/engine.example.toml`` is a complete one)::
     path = "state/model.ckpt"
 
     [kafka]
+    client = "kafka-python"                    # or "confluent-kafka" (the confluent extra)
     outage_deadline_seconds = 3600             # default: ride out outages of any length
 
 """
@@ -200,6 +201,15 @@ class StatusConfig(_Strict):
 class KafkaConfig(_Strict):
     """How the engine treats the Kafka cluster(s) it uses."""
 
+    client: Literal["kafka-python", "confluent-kafka"] = Field(
+        "kafka-python",
+        description="The Kafka client every part of the engine talks to Kafka with: "
+        '"kafka-python" (pure Python, a core dependency) or "confluent-kafka" (librdkafka, in '
+        "C, the confluent extra: its per-message work is ~9 times cheaper, the engine ~1.4 times "
+        "faster with a release per record). Same exactly-once "
+        'contract and diagnostics on both (docs/performance.md, "Which client").',
+    )
+
     startup_timeout_seconds: float = Field(
         20.0,
         gt=0,
@@ -223,6 +233,19 @@ class KafkaConfig(_Strict):
         "take before it is abandoned and retried with a new producer. Retries go on with "
         "capped backoff until kafka.outage_deadline_seconds (if set).",
     )
+
+    @field_validator("client")
+    @classmethod
+    def _client_installed(cls, value: str) -> str:
+        from connectors.clients import client
+
+        try:
+            client(value)
+        except ImportError as err:
+            if err.name != "confluent_kafka":
+                raise
+            raise ValueError(str(err)) from None
+        return value
 
 
 class MetricsConfig(_Strict):

@@ -206,7 +206,9 @@ class Outputs:
                 sinks[stream] = sink_cfg.topic
                 topic_cfg = sink_cfg
             else:
-                sinks[stream] = build_sink(sink_cfg, private=stream == DEAD_LETTERS)
+                sinks[stream] = build_sink(
+                    sink_cfg, private=stream == DEAD_LETTERS, client=config.kafka.client
+                )
         if config.scale.checkpoint_topic is not None:
             sinks[CHECKPOINTS] = config.scale.checkpoint_topic
         publisher = None if topic_cfg is None else _publisher(config, topic_cfg)
@@ -236,6 +238,7 @@ def _publisher(config: EngineConfig, topic_cfg: Any) -> Any:
         topic_cfg.bootstrap_servers,
         config.transactional_id,
         attempt_timeout_s=attempt,
+        client=config.kafka.client,
         producer_config={
             "max_request_size": max(
                 config.releases.max_request_size,

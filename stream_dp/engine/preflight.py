@@ -54,10 +54,12 @@ def release_size(config: EngineConfig) -> tuple[int, int | None]:
     return size, sink.max_request_size
 
 
-def _connect(cfg: SourceConfig | SinkConfig, what: str, timeout: float) -> Any:
+def _connect(cfg: SourceConfig | SinkConfig, what: str, timeout: float, client: str) -> Any:
     from connectors.admin import connect
 
-    return connect(cfg.bootstrap_servers, timeout_s=timeout, what=what, **cfg.security)
+    return connect(
+        cfg.bootstrap_servers, timeout_s=timeout, what=what, client=client, **cfg.security
+    )
 
 
 def check_kafka(config: EngineConfig, release_bytes: int) -> None:
@@ -91,7 +93,7 @@ def check_kafka(config: EngineConfig, release_bytes: int) -> None:
             clusters.append([(name, cfg)])
     for group in clusters:
         first = group[0][1]
-        admin = _connect(first, f"{group[0][0]}.bootstrap_servers", timeout)
+        admin = _connect(first, f"{group[0][0]}.bootstrap_servers", timeout, config.kafka.client)
         try:
             found = []
             for name, cfg in group:

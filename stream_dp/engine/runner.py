@@ -170,7 +170,7 @@ class Engine:
         """Open the source, the outputs and the commit cycle (nothing is read or written)."""
         cfg = self.config
         if self._source is None:
-            self._source = build_source(cfg.source)
+            self._source = build_source(cfg.source, client=cfg.kafka.client)
         self.outputs = Outputs.open(cfg, self._source, self.state, self._given_sinks)
         ck = cfg.checkpoint
         self.cycle = CommitCycle(

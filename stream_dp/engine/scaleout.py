@@ -9,17 +9,18 @@ ledger, buffer, checkpoint (``<checkpoint dir>/p<k>/``), commit cycle and transa
 
 Exactly once across rebalances
 ------------------------------
-kafka-python rebalances eagerly: every member gives up its partitions before any member gets
-new ones. On ``on_partitions_revoked`` an instance ends the cycle of each partition it loses
-(checkpoint, then one transaction with the releases and the partition's offset) and unlocks
-its state; on ``on_partitions_assigned`` the instance that gains a partition resumes that
-learner from its checkpoint exactly as a restarted single-learner engine does: it takes the
-partition's transactional id (fencing a zombie that still believes it owns it), publishes the
-checkpoint's outbox unless the group's commit tag shows it published, and continues at the
-checkpoint's position. Records within one partition come in Kafka's order, so a replay after a
-crash learns them in the same order and re-derives the same releases; and a release is only
-ever published from a durable checkpoint (:mod:`stream_dp.engine.commit`). Hence, per
-partition learner, one release content per step.
+Both clients rebalance eagerly (kafka-python always, confluent-kafka with librdkafka's default
+assignors): every member gives up its partitions before any member gets new ones. On
+``on_partitions_revoked`` an instance ends the cycle of each partition it loses (checkpoint,
+then one transaction with the releases and the partition's offset, carrying the consumer's
+group metadata: KIP-447) and unlocks its state; on ``on_partitions_assigned`` the instance that
+gains a partition resumes that learner from its checkpoint exactly as a restarted
+single-learner engine does: it takes the partition's transactional id (fencing a zombie that
+still believes it owns it), publishes the checkpoint's outbox unless the group's commit tag
+shows it published, and continues at the checkpoint's position. Records within one partition
+come in Kafka's order, so a replay after a crash learns them in the same order and re-derives
+the same releases; and a release is only ever published from a durable checkpoint
+(:mod:`stream_dp.engine.commit`). Hence, per partition learner, one release content per step.
 
 Secrets
 -------
@@ -296,8 +297,8 @@ class ScaleOut:
 
         owner = self
 
-        # kafka-python runs these on the consumer's I/O thread, while run() waits in poll():
-        # blocking consumer calls are impossible there. Ending a lost partition's cycle needs
+        # Either client runs these inside the consumer's poll(), while run() waits in it:
+        # no blocking consumer call is made there. Ending a lost partition's cycle needs
         # only the checkpoint and the partition's own producer, so it happens here, before
         # the rebalance completes; a gained partition is paused and taken up by run() after
         # the poll (resuming needs the group's committed offsets).
@@ -357,6 +358,7 @@ class ScaleOut:
                 rel.bootstrap_servers,
                 timeout_s=self.config.kafka.startup_timeout_seconds,
                 what="releases.bootstrap_servers",
+                client=self.config.kafka.client,
                 **rel.security,
             )
             try:
@@ -375,10 +377,10 @@ class ScaleOut:
             raise KafkaUnavailable(str(err)) from None
 
     def _open_consumer(self) -> None:
-        from kafka import KafkaConsumer
+        from connectors.clients import client
 
         src, scale = self.config.source, self.config.scale
-        self._consumer = KafkaConsumer(
+        self._consumer = client(self.config.kafka.client).consumer(
             bootstrap_servers=src.bootstrap_servers,
             group_id=src.group_id,
             enable_auto_commit=False,

@@ -186,6 +186,7 @@ class Startup:
                 model_id.encode(),
                 tail=512,
                 timeout_s=cfg.kafka.startup_timeout_seconds,
+                client=cfg.kafka.client,
                 **rel.security,
             )
         except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback
@@ -299,6 +300,7 @@ class Startup:
                 rel.topic,
                 cfg.model.model_id.encode(),
                 timeout_s=cfg.kafka.startup_timeout_seconds,
+                client=cfg.kafka.client,
                 **rel.security,
             )
         except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback

@@ -21,11 +21,12 @@ pytestmark = pytest.mark.kafka
     ids=["watch", "merge"],
 )
 def test_reading_a_missing_topic_is_one_line_and_exit_code_4(
-    kafka_broker: KafkaBroker, unique_name, capsys, argv
+    kafka_broker: KafkaBroker, unique_name, capsys, argv, kafka_client
 ):
     """Before, watch waited for the idle time on a topic that does not exist and exited 0."""
     topic = unique_name("missing")
     command = [*argv, "--bootstrap", kafka_broker.bootstrap, "--topic", topic]
+    command += ["--client", kafka_client]
     capsys.readouterr()
     assert cli_main(command) == 4
     captured = capsys.readouterr()

@@ -83,7 +83,10 @@ def read_all(
         consumer.close()
 
 
-def engine_config(tmp: Path, bootstrap: str, names: dict, **model) -> dict:
+def engine_config(
+    tmp: Path, bootstrap: str, names: dict, client: str = "kafka-python", **model
+) -> dict:
+    """The engine's config for a test's names, talking to Kafka with ``client``."""
     return {
         "model": {
             "algorithm": "OnPairStrC",
@@ -110,6 +113,7 @@ def engine_config(tmp: Path, bootstrap: str, names: dict, **model) -> dict:
         "dead_letters": {"kind": "kafka", "topic": names["dead"], "bootstrap_servers": bootstrap},
         "checkpoint": {"path": str(tmp / "state" / "model.ckpt"), "every_records": 500},
         "status": {"interval_seconds": 0.5, "file": str(tmp / "status.json")},
+        "kafka": {"client": client},
     }
 
 
@@ -154,11 +158,13 @@ def copies_by_step(raw: list[bytes]) -> dict[int, set[bytes]]:
     return out
 
 
-def test_20k_records_one_release_per_step(kafka_broker: KafkaBroker, unique_name, tmp_path):
+def test_20k_records_one_release_per_step(
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
+):
     bootstrap = kafka_broker.bootstrap
     n = 20_000
     names = with_input(bootstrap, unique_name, n)
-    cfg = EngineConfig.model_validate(engine_config(tmp_path, bootstrap, names))
+    cfg = EngineConfig.model_validate(engine_config(tmp_path, bootstrap, names, kafka_client))
     engine = Engine(cfg)
     stats = engine.run()
     assert stats.learned == n and engine.learner.step == n and stats.dead_letters == 0
@@ -259,12 +265,25 @@ def _ledger(cfg: dict, journal: bool = False):
 
 
 @pytest.mark.parametrize(
-    ("journal", "algorithm"),
-    [(False, "OnPairStrC"), (True, "OnPairStrC"), (False, "OnPairMF")],
-    ids=["ledger-in-checkpoint", "ledger-journal", "onpairmf"],
+    ("journal", "algorithm", "kafka_client"),
+    # Both learners on both clients; where the ledger lives is the engine's affair, not the
+    # client's: each client runs one of the two (CI time).
+    [
+        (False, "OnPairStrC", "kafka-python"),
+        (True, "OnPairStrC", "confluent-kafka"),
+        (False, "OnPairMF", "kafka-python"),
+        (False, "OnPairMF", "confluent-kafka"),
+    ],
+    ids=[
+        "ledger-in-checkpoint-kafka-python",
+        "ledger-journal-confluent-kafka",
+        "onpairmf-kafka-python",
+        "onpairmf-confluent-kafka",
+    ],
+    indirect=["kafka_client"],
 )
 def test_sigkill_three_times_loses_nothing(
-    kafka_broker: KafkaBroker, unique_name, tmp_path, journal: bool, algorithm: str
+    kafka_broker: KafkaBroker, unique_name, tmp_path, journal: bool, algorithm: str, kafka_client
 ):
     """Three SIGKILLs at random points: every record learned once, every release charged once.
 
@@ -275,7 +294,7 @@ def test_sigkill_three_times_loses_nothing(
     bootstrap = kafka_broker.bootstrap
     n = 18_000 if journal else 8_000
     names = with_input(bootstrap, unique_name, n)
-    cfg = engine_config(tmp_path, bootstrap, names, seed=None)
+    cfg = engine_config(tmp_path, bootstrap, names, kafka_client, seed=None)
     if algorithm == "OnPairMF":
         model = cfg["model"]
         cfg["model"] = {
@@ -326,7 +345,7 @@ def test_sigkill_three_times_loses_nothing(
 
 
 def test_three_partitions_live_input_sigkill_five_times(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     """The scenario that published 5,557 steps twice with different weights.
 
@@ -353,7 +372,7 @@ def test_three_partitions_live_input_sigkill_five_times(
             sink.flush()
 
     producer = threading.Thread(target=live, daemon=True)
-    cfg = engine_config(tmp_path, bootstrap, names, seed=None)
+    cfg = engine_config(tmp_path, bootstrap, names, kafka_client, seed=None)
     cfg["source"]["max_idle_seconds"] = 8.0
     cfg["checkpoint"].update(every_records=400, every_seconds=3.0)
     config_path = tmp_path / "engine.toml"
@@ -414,7 +433,7 @@ def test_three_partitions_live_input_sigkill_five_times(
     # The ledger equals an uninterrupted run's over the same records (in whatever order).
     ref_names = {**names, "group": unique_name("group"), "model": names["model"] + "-ref",
                  "releases": unique_name("releases"), "dead": unique_name("dead")}  # fmt: skip
-    ref_cfg = engine_config(tmp_path / "ref", bootstrap, ref_names, seed=None)
+    ref_cfg = engine_config(tmp_path / "ref", bootstrap, ref_names, kafka_client, seed=None)
     ref_cfg["source"]["max_idle_seconds"] = 3.0
     reference = Engine(EngineConfig.model_validate(ref_cfg))
     reference.run()
@@ -455,7 +474,9 @@ def bad_record(i: int) -> bytes:
     return json.dumps({"x": {**x, "c": "seven"}, "y": 1}).encode()
 
 
-def test_malformed_messages_dead_lettered(kafka_broker: KafkaBroker, unique_name, tmp_path):
+def test_malformed_messages_dead_lettered(
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
+):
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
     n_valid, n_bad = 3000, 1000
@@ -474,7 +495,7 @@ def test_malformed_messages_dead_lettered(kafka_broker: KafkaBroker, unique_name
             values.append(json.dumps(record).encode())
             vi += 1
     produce(bootstrap, names["input"], values)
-    cfg = EngineConfig.model_validate(engine_config(tmp_path, bootstrap, names))
+    cfg = EngineConfig.model_validate(engine_config(tmp_path, bootstrap, names, kafka_client))
     engine = Engine(cfg)
     stats = engine.run()
     assert engine.learner.step == n_valid and stats.learned == n_valid
@@ -492,11 +513,11 @@ def test_malformed_messages_dead_lettered(kafka_broker: KafkaBroker, unique_name
     check_release_stream(releases, n_valid, epsilon=2.0)
 
 
-def test_broker_restart_mid_run(kafka_broker: KafkaBroker, unique_name, tmp_path):
+def test_broker_restart_mid_run(kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client):
     bootstrap = kafka_broker.bootstrap
     n = 6000
     names = with_input(bootstrap, unique_name, n)
-    cfg_dict = engine_config(tmp_path, bootstrap, names)
+    cfg_dict = engine_config(tmp_path, bootstrap, names, kafka_client)
     cfg_dict["source"]["max_idle_seconds"] = 60.0  # long enough to outlast the outage
     cfg = EngineConfig.model_validate(cfg_dict)
     engine = Engine(cfg)
@@ -565,7 +586,7 @@ class _PausedSource:
 
 
 def test_outage_longer_than_every_timeout_is_ridden_out_or_ends_at_the_deadline(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     """Broker down for 45 s, while a cycle waits to be published.
 
@@ -585,12 +606,12 @@ def test_outage_longer_than_every_timeout_is_ridden_out_or_ends_at_the_deadline(
         names = names_for(unique_name)
         names["input"] = unique_name(f"input-{kind}")
         produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
-        d = engine_config(tmp_path / kind, bootstrap, names)
+        d = engine_config(tmp_path / kind, bootstrap, names, kafka_client)
         d["source"]["max_idle_seconds"] = None
         # Cycles end only when the input goes idle: at the pause, a cycle is in progress.
         d["checkpoint"].update(every_records=100_000, every_seconds=600.0)
         d["status"]["file"] = str(tmp_path / kind / "status.json")
-        d["kafka"] = {"attempt_timeout_seconds": 8.0, "outage_deadline_seconds": deadline}
+        d["kafka"].update(attempt_timeout_seconds=8.0, outage_deadline_seconds=deadline)
         dicts[kind] = (names, d)
         engines[kind] = Engine(EngineConfig.model_validate(d))
         pauses[kind] = _Pause(engines[kind], 1000)
@@ -652,7 +673,7 @@ class _Died(Exception):
 
 
 def test_a_kill_inside_a_transaction_leaves_only_identical_copies(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     """The engine dies after sending a cycle's releases into its transaction, before the commit.
 
@@ -664,7 +685,7 @@ def test_a_kill_inside_a_transaction_leaves_only_identical_copies(
     bootstrap = kafka_broker.bootstrap
     n = 900
     names = with_input(bootstrap, unique_name, n)
-    d = engine_config(tmp_path, bootstrap, names)
+    d = engine_config(tmp_path, bootstrap, names, kafka_client)
     d["checkpoint"]["every_records"] = 300
     d["source"]["max_idle_seconds"] = 3.0
     cfg = EngineConfig.model_validate(d)
@@ -726,12 +747,12 @@ def _last_line(stderr: str) -> str:
 
 
 def test_a_second_instance_never_learns_beside_the_first(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     bootstrap = kafka_broker.bootstrap
     n = 3000
     names = with_input(bootstrap, unique_name, n)
-    cfg = engine_config(tmp_path / "a", bootstrap, names, seed=None)
+    cfg = engine_config(tmp_path / "a", bootstrap, names, kafka_client, seed=None)
     cfg["source"]["max_idle_seconds"] = None  # runs until told to stop
     cfg["checkpoint"]["every_records"] = 200
     (tmp_path / "a").mkdir()
@@ -777,7 +798,7 @@ def test_a_second_instance_never_learns_beside_the_first(
     procs = []
     for who in ("c", "d"):
         (tmp_path / who).mkdir()
-        c = engine_config(tmp_path / who, bootstrap, names2, seed=None)
+        c = engine_config(tmp_path / who, bootstrap, names2, kafka_client, seed=None)
         c["source"]["max_idle_seconds"] = 5.0
         c["status"]["file"] = str(tmp_path / who / "status.json")
         _write_toml(tmp_path / who / "engine.toml", c)
@@ -812,12 +833,12 @@ def test_a_second_instance_never_learns_beside_the_first(
 
 
 def test_a_lost_state_directory_is_refused_and_a_kill_at_start_is_harmless(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     bootstrap = kafka_broker.bootstrap
     n = 1000
     names = with_input(bootstrap, unique_name, n)
-    cfg = engine_config(tmp_path, bootstrap, names, seed=None)
+    cfg = engine_config(tmp_path, bootstrap, names, kafka_client, seed=None)
     cfg["source"]["max_idle_seconds"] = 3.0
     config_path = tmp_path / "engine.toml"
     _write_toml(config_path, cfg)
@@ -850,7 +871,7 @@ def test_a_lost_state_directory_is_refused_and_a_kill_at_start_is_harmless(
 
 
 def test_poison_records_and_a_240_feature_metric_model(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     """First records that crash-looped the engine, and releases of 57,600 weights."""
     bootstrap = kafka_broker.bootstrap
@@ -869,7 +890,7 @@ def test_poison_records_and_a_240_feature_metric_model(
         values.append(json.dumps({"x": dict(zip(feats, x.tolist(), strict=True)),
                                   "y": int(i % 3)}).encode())  # fmt: skip
     produce(bootstrap, names["input"], values)
-    cfg = engine_config(tmp_path, bootstrap, names, task="metric", features=feats,
+    cfg = engine_config(tmp_path, bootstrap, names, kafka_client, task="metric", features=feats,
                         release_every=20)  # fmt: skip
     cfg["checkpoint"]["every_records"] = 30
     config_path = tmp_path / "engine.toml"
@@ -895,13 +916,13 @@ def test_poison_records_and_a_240_feature_metric_model(
 
 
 def test_misconfiguration_is_diagnosed_within_60_seconds(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
     create_topic(bootstrap, names["input"], partitions=2)
-    base = engine_config(tmp_path, bootstrap, names)
-    base["kafka"] = {"startup_timeout_seconds": 15.0}
+    base = engine_config(tmp_path, bootstrap, names, kafka_client)
+    base["kafka"]["startup_timeout_seconds"] = 15.0
     import socket
 
     with socket.socket() as s:
@@ -930,13 +951,13 @@ def test_misconfiguration_is_diagnosed_within_60_seconds(
 
 
 def test_records_skipped_by_an_offset_reset_are_reported_with_their_count(
-    kafka_broker: KafkaBroker, unique_name, tmp_path, caplog
+    kafka_broker: KafkaBroker, unique_name, tmp_path, caplog, kafka_client
 ):
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
     create_topic(bootstrap, names["input"], partitions=1)
     produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(100)])
-    d = engine_config(tmp_path, bootstrap, names)
+    d = engine_config(tmp_path, bootstrap, names, kafka_client)
     d["source"]["max_idle_seconds"] = 3.0
     cfg = EngineConfig.model_validate(d)
     Engine(cfg, max_records=30).run()

@@ -30,6 +30,23 @@ def readme_blocks() -> list[list[str]]:
     return [[line for line in b.splitlines() if line.strip()] for b in blocks]
 
 
+def on_client(block: list[str], client: str) -> list[str]:
+    """``block`` as run on ``client``: the apps get ``--client``, the configs it writes from
+    deploy/engine.example.toml get ``[kafka] client``."""
+    if client == "kafka-python":
+        return block  # the default: the README as written
+    out = []
+    for line in block:
+        for app in ("produce", "watch", "merge"):
+            line = line.replace(f"stream-dp {app} ", f"stream-dp {app} --client {client} ", 1)
+        out.append(line)
+        written = re.search(r'(?<!>)> "(\$WORK/\w+\.toml)"', line)
+        if written:
+            out.append(f"sed -i 's/^client = \"kafka-python\"/client = \"{client}\"/' "
+                       f'"{written[1]}"')  # fmt: skip
+    return out
+
+
 def work_tree_state() -> set[str]:
     """Untracked, ignored and modified paths of the work tree (caches aside)."""
     out = subprocess.run(
@@ -103,10 +120,10 @@ def scale_out_as_written(
     return procs
 
 
-def test_run_on_kafka_as_written(tmp_path: Path) -> None:
+def test_run_on_kafka_as_written(tmp_path: Path, kafka_client: str) -> None:
     if not (REPO_ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    first, second, scale = readme_blocks()
+    first, second, scale = (on_client(b, kafka_client) for b in readme_blocks())
     assert first[-1].startswith("stream-dp run") and "--dry-run" not in first[-1]
     assert second[-1].startswith("bash deploy/kafka/kafka.sh stop")
     env = {
@@ -129,6 +146,8 @@ def test_run_on_kafka_as_written(tmp_path: Path) -> None:
         assert setup.returncode == 0, setup.stderr[-3000:]
         found = dict(re.findall(r"^(BOOTSTRAP|WORK)=(.*)$", setup.stdout, re.M))
         env.update(found)
+        config = (Path(found["WORK"]) / "engine.toml").read_text()
+        assert f'client = "{kafka_client}"' in config, "the walk-through runs on the client"
         assert "release message: at most" in setup.stdout  # the dry run
         sent, bad = map(
             int, re.search(r"sent (\d+) records \((\d+) malformed\)", setup.stdout).groups()

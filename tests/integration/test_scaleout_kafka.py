@@ -55,8 +55,10 @@ PARTITIONS = 4
 SESSION_MS = 6000
 
 
-def _config(tmp: Path, bootstrap: str, names: dict, instance: str) -> dict:
-    cfg = engine_config(tmp, bootstrap, names, seed=None)
+def _config(
+    tmp: Path, bootstrap: str, names: dict, instance: str, client: str = "kafka-python"
+) -> dict:
+    cfg = engine_config(tmp, bootstrap, names, client, seed=None)
     cfg["source"]["max_idle_seconds"] = 15.0
     cfg["checkpoint"].update(every_records=500, every_seconds=2.0)
     cfg["status"]["file"] = str(tmp / f"status-{instance}.json")
@@ -104,7 +106,7 @@ def _ledger(state: Path, model: str, k: int, master: str = MASTER):
 
 
 def test_two_instances_one_killed_then_a_third_joins(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
@@ -125,7 +127,7 @@ def test_two_instances_one_killed_then_a_third_joins(
                     break
             sink.flush()
 
-    cfgs = {i: _config(tmp_path, bootstrap, names, i) for i in "ABC"}
+    cfgs = {i: _config(tmp_path, bootstrap, names, i, kafka_client) for i in "ABC"}
     status = {i: Path(cfgs[i]["status"]["file"]) for i in "ABC"}
     procs: dict[str, subprocess.Popen] = {}
     stop_producing = threading.Event()
@@ -189,7 +191,7 @@ def test_two_instances_one_killed_then_a_third_joins(
     # Each partition's ledger equals an uninterrupted run's over the same partition.
     ref_names = {**names, "group": unique_name("group"), "model": model + "-ref",
                  "releases": unique_name("releases"), "dead": unique_name("dead")}  # fmt: skip
-    ref_cfg = _config(tmp_path / "ref", bootstrap, ref_names, "ref")
+    ref_cfg = _config(tmp_path / "ref", bootstrap, ref_names, "ref", kafka_client)
     ref_cfg["source"]["max_idle_seconds"] = 4.0
     reference = ScaleOut(EngineConfig.model_validate(ref_cfg), master_secret=int(OTHER_MASTER, 16))
     reference.run()
@@ -201,11 +203,13 @@ def test_two_instances_one_killed_then_a_third_joins(
         assert ledger.rho_spent() == ref_ledger.rho_spent()
 
 
-def _machine(tmp_path: Path, bootstrap: str, names: dict, name: str) -> tuple[Path, dict]:
+def _machine(
+    tmp_path: Path, bootstrap: str, names: dict, name: str, client: str = "kafka-python"
+) -> tuple[Path, dict]:
     """A second machine: its own, empty state directory; the same group and checkpoint topic."""
     home = tmp_path / name
     home.mkdir()
-    cfg = _config(home, bootstrap, names, name)
+    cfg = _config(home, bootstrap, names, name, client)
     cfg["source"]["max_idle_seconds"] = 4.0
     cfg["scale"]["checkpoint_topic"] = names["checkpoints"]
     return home, cfg
@@ -223,7 +227,7 @@ def _run_to_end(home: Path, cfg: dict, name: str, master: str = MASTER) -> tuple
 
 
 def test_an_empty_state_directory_resumes_from_the_checkpoint_topic_and_tampering_is_refused(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     from connectors.admin import latest_with_key
 
@@ -239,14 +243,14 @@ def test_an_empty_state_directory_resumes_from_the_checkpoint_topic_and_tamperin
             sink.flush()
 
     produce(0, 3000)
-    home, cfg = _machine(tmp_path, bootstrap, names, "m1")
+    home, cfg = _machine(tmp_path, bootstrap, names, "m1", kafka_client)
     rc, _ = _run_to_end(home, cfg, "m1")
     assert rc == 0
     before = {k: n for k, n in _partition_sizes(bootstrap, names["input"], 2).items()}
 
     # Machine 2 has none of machine 1's files: it resumes both learners from the topic.
     produce(3000, 5000)
-    home2, cfg2 = _machine(tmp_path, bootstrap, names, "m2")
+    home2, cfg2 = _machine(tmp_path, bootstrap, names, "m2", kafka_client)
     rc, text = _run_to_end(home2, cfg2, "m2")
     assert rc == 0, text[-3000:]
     model = names["model"]
@@ -266,7 +270,9 @@ def test_an_empty_state_directory_resumes_from_the_checkpoint_topic_and_tamperin
     # anyone who can write to the topic would put it there; p1's checkpoint; then the genuine
     # one, read by an instance started with another master.
     latest = {
-        k: latest_with_key(bootstrap, names["checkpoints"], f"{model}/p{k}".encode())
+        k: latest_with_key(
+            bootstrap, names["checkpoints"], f"{model}/p{k}".encode(), client=kafka_client
+        )
         for k in range(2)
     }
     flipped = bytearray(latest[0])
@@ -284,7 +290,7 @@ def test_an_empty_state_directory_resumes_from_the_checkpoint_topic_and_tamperin
         with KafkaSink(names["checkpoints"], bootstrap) as sink:
             sink.send(f"{model}/p0", bad)
             sink.flush()
-        home3, cfg3 = _machine(tmp_path, bootstrap, names, f"m3-{i}")
+        home3, cfg3 = _machine(tmp_path, bootstrap, names, f"m3-{i}", kafka_client)
         rc, text = _run_to_end(home3, cfg3, f"m3-{i}", master)
         assert rc == 3, (why, text[-2000:])
         last = text.strip().splitlines()[-1]
@@ -296,7 +302,7 @@ CANARY = "canary-5d1e-raw-payload"
 
 
 def test_the_checkpoint_topic_shows_no_record_no_noise_state_no_model_without_the_master(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     """OnPairMF on two partitions with a checkpoint topic. Every message of the topic (aborted
     transactions included) is searched for the float64 bytes of each learner's buffered records,
@@ -313,7 +319,7 @@ def test_the_checkpoint_topic_shows_no_record_no_noise_state_no_model_without_th
         for i, v in enumerate(values):
             sink.send(f"record-{i}", v)
         sink.flush()
-    home, cfg = _machine(tmp_path, bootstrap, names, "m1")
+    home, cfg = _machine(tmp_path, bootstrap, names, "m1", kafka_client)
     cfg["model"] = {
         "algorithm": "OnPairMF",
         "task": "auc",
