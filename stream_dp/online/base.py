@@ -26,6 +26,7 @@ from stream_dp.online.mechanism import Mechanism
 from stream_dp.online.reference import reference_step
 from stream_dp.online.release import release_norm
 from stream_dp.online.state import LearnerState
+from stream_dp.online.units import EVENT_LEVEL, PrivacyUnit
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.privacy.secrets import check_seed
 
@@ -87,6 +88,7 @@ class PairwiseLearner(base.Estimator):
         self._noise = (self.noise_source or KeyedNoise)(self.seed, self.model_id)
         self._loss = self._loss_for(Regularized, get_loss(self.task, "logistic"))
         buffer = make_buffer(self._copy_buffer(), warn_above=self.max_buffer_warning)
+        self._unit = self._make_unit(buffer, self._noise.secret)
         mechanism = self._mechanism(buffer)
         eta, divisor = self._fixed_step(mechanism)
         self._state = LearnerState(
@@ -105,6 +107,39 @@ class PairwiseLearner(base.Estimator):
         )
         self._fast: FastPath | None = None
         self.n_rejected = 0
+
+    def _make_unit(self, buffer: Buffer, secret: int) -> PrivacyUnit | None:
+        """The unit field and contribution bound (None: event-level). b defaults to the
+        buffer's capacity + 1, which keeps a unit's events out of each other's window (1 for a
+        buffer without a capacity)."""
+        key = getattr(self, "unit_key", None)
+        if key is None:
+            self.min_separation_ = None
+            return None
+        b = self.min_separation
+        if b is None:
+            b = 1 if buffer.capacity is None else int(buffer.capacity) + 1
+        self.min_separation_ = b
+        return PrivacyUnit(key, int(self.max_events_per_unit), b, secret, self.model_id)
+
+    @property
+    def privacy_unit(self) -> PrivacyUnit | None:
+        """The unit field and contribution bound; None for an event-level learner."""
+        return self._unit
+
+    @property
+    def units_dropped(self) -> dict[str, int]:
+        """Events dropped by the contribution bound, by reason (empty when event-level)."""
+        return {} if self._unit is None else self._unit.dropped
+
+    def neighbouring(self) -> dict:
+        """The neighbouring relation the guarantee is for (``docs/units.md``)."""
+        if self._unit is None:
+            return {"level": "event", "relation": EVENT_LEVEL}
+        return self._unit.relation()
+
+    def _describe_unit(self) -> str:
+        return EVENT_LEVEL if self._unit is None else self._unit.describe()
 
     _requires_schema = True
     #: False for a learner without a regulariser (``alpha = 0`` is then allowed).
@@ -213,11 +248,16 @@ class PairwiseLearner(base.Estimator):
         Raises :class:`stream_dp.records.InvalidRecord` (a ``ValueError``) for a record that
         must not be learned from; the learner's state and ledger are then left untouched.
         """
+        unit = self._unit
+        if unit is not None:
+            key, x = unit.split(x)
         xv, yv = self._input.validate(x, y)
         s = self._state
         if not self._may_learn():
             self.n_rejected += 1
             return
+        if unit is not None and not unit.admit(key, s.t + 1):
+            return  # dropped: no step, no buffer, no noise index; counted by the bound
         fast = self._fast
         if fast is not None and fast.learn_one(xv, yv):
             released = True
@@ -242,6 +282,9 @@ class PairwiseLearner(base.Estimator):
             raise ValueError(f"X has {len(X)} rows but y has {m} labels")
         if m == 0:
             return
+        if self._unit is not None:
+            self._learn_many_units(X, y, labels)
+            return
         inp = self._input
         batch = inp.validate_batch(X, y)
         if batch is None:  # unusual input (no schema yet, object columns, ...): one at a time
@@ -250,6 +293,14 @@ class PairwiseLearner(base.Estimator):
             return
         rows, codes, clipped = batch
         k = len(codes)
+        self._learn_valid(rows, codes, clipped, labels, k)
+        if k < m:
+            self.learn_one(inp.row(X, k), labels[k])  # raises as learn_one does
+            self.learn_many(inp.rest(X, k + 1), labels[k + 1 :])
+
+    def _learn_valid(self, rows, codes, clipped, labels, k: int) -> None:
+        """Learn the first k validated rows (fast runs where possible)."""
+        inp = self._input
         i = 0
         while i < k:
             if not self._may_learn():
@@ -262,8 +313,44 @@ class PairwiseLearner(base.Estimator):
             if refused:
                 self._exhaust()
             i = j
+
+    def _learn_many_units(self, X, y, labels: list) -> None:
+        """:meth:`learn_many` of a unit-level learner: the rows the bound admits, in order.
+
+        Admission is decided on validated rows only (an invalid row takes no step, so it must
+        not take a unit's slot either), before the fast path sees them; the dropped rows are
+        counted by the bound and never learned from."""
+        unit, inp = self._unit, self._input
+        units, rest = unit.split_frame(X)
+        m = len(labels)
+        batch = inp.validate_batch(rest, y)
+        if batch is None:  # one at a time
+            for i in range(m):
+                self.learn_one({**inp.row(rest, i), unit.key: units[i]}, labels[i])
+            return
+        rows, codes, clipped = batch
+        k = len(codes)
+        if k and not self._may_learn():
+            self.n_rejected += k
+        elif k:
+            keep, step, admit = [], self._state.t + 1, unit.admit
+            for i in range(k):
+                try:
+                    admitted = admit(units[i], step)
+                except ValueError:  # an invalid key: learn the rows before it, then raise
+                    k = i
+                    break
+                if admitted:
+                    keep.append(i)
+                    step += 1
+            idx = np.asarray(keep, dtype=np.int64)
+            kept = [labels[i] for i in keep]
+            rows, codes, clipped = rows[idx], codes[idx], clipped[idx]
+            if self.task == "metric":  # class codes are provisional in order of appearance
+                rows, codes, clipped = inp.validate_batch(rest.iloc[idx], kept)
+            self._learn_valid(rows, codes, clipped, kept, len(idx))
         if k < m:
-            self.learn_one(inp.row(X, k), labels[k])  # raises as learn_one does
+            self.learn_one({**inp.row(rest, k), unit.key: units[k]}, labels[k])  # may raise
             self.learn_many(inp.rest(X, k + 1), labels[k + 1 :])
 
     def _learn_rows(self, rows: np.ndarray, codes: np.ndarray, i: int, k: int) -> int:
@@ -383,7 +470,7 @@ class PairwiseLearner(base.Estimator):
             "exhausted": s.exhausted,
             "regret": (s.regret.cumulative, s.regret.steps),
             "n_rejected": self.n_rejected,
-        }
+        } | ({} if self._unit is None else {"unit": self._unit.state_dict()})
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("format") != STATE_FORMAT:
@@ -399,6 +486,14 @@ class PairwiseLearner(base.Estimator):
         self._input.load_state_dict(state["input"])
         self._noise = KeyedNoise(int(state["secret"]), self.model_id)
         s.noise = self._noise
+        if (self._unit is None) != ("unit" not in state):
+            raise ValueError(
+                "the checkpoint and this learner disagree on the privacy unit (event-level vs "
+                "unit-level): resuming would change the guarantee"
+            )
+        if self._unit is not None:
+            self._unit = self._make_unit(s.buffer, self._noise.secret)
+            self._unit.load_state_dict(state["unit"])
         s.t = int(state["t"])
         s.w = None
         self._fast = None

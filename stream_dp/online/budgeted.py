@@ -10,6 +10,7 @@ engine, the demo and a user read them without knowing which learner runs.
 from __future__ import annotations
 
 from stream_dp.online.composition import PRIVATE_LEARNER
+from stream_dp.online.units import event_epsilon
 from stream_dp.operator_metrics import OperatorMetricsMixin
 from stream_dp.privacy.budget import BudgetSlice, PrivacyBudget
 
@@ -63,4 +64,56 @@ class BudgetedLearner(OperatorMetricsMixin):
             "delta": delta,
             "exhausted": self.exhausted,
             "private": self.private,
+        } | self._unit_fields(acc, delta)
+
+    # -- the neighbouring relation --------------------------------------------------------------
+    def _own_rhos(self) -> tuple[float, float]:  # pragma: no cover - per mechanism
+        """ρ of this learner's own charges at its unit-level Δ, and at the event-level Δ."""
+        raise NotImplementedError
+
+    def _event_epsilon(self, acc, delta: float) -> float:
+        """The event-level ε of what was spent: the own charges at one event's Δ."""
+        unit_rho, event_rho = self._own_rhos()
+        rho = max(acc.rho_spent() - unit_rho + event_rho, 0.0)
+        return event_epsilon(rho, delta, acc.conversion)
+
+    def _unit_fields(self, acc, delta) -> dict:
+        """A unit-level learner's release fields: the relation and the event-level ε."""
+        if self._unit is None:
+            return {}
+        out = {"privacy_unit": self._unit.relation()}
+        if acc is not None:
+            out["epsilon_event_spent"] = self._event_epsilon(acc, delta)
+        return out
+
+    def guarantee(self) -> dict:
+        """The neighbouring relation, the (ε, δ) spent for it and, for a unit-level learner,
+        the event-level ε of the same noise beside it (``docs/units.md``)."""
+        acc = self.accountant
+        eps, delta = acc.spent() if acc is not None else (None, None)
+        out = {**self.neighbouring(), "epsilon": eps, "delta": delta}
+        if self._unit is not None and acc is not None:
+            out["epsilon_event"] = self._event_epsilon(acc, delta)
+            out["dropped"] = self.units_dropped
+        return out
+
+    def _plan_unit(self, event_sensitivity: float, event_rho: float) -> dict:
+        """The relation and the event-level Δ and ρ, for a unit-level ``noise_plan`` entry."""
+        if self._unit is None:
+            return {}
+        return {
+            "neighbouring": self._unit.relation(),
+            "event_sensitivity": event_sensitivity,
+            "event_rho": event_rho,
         }
+
+    def _describe_guarantee(self, event_rho: float) -> str:
+        """The relation, and for a unit-level learner the event-level ε of its noise."""
+        text = self._describe_unit()
+        if self._unit is None or self.budget is None:
+            return text
+        eps = event_epsilon(event_rho, self.delta, self.conversion)
+        return (
+            f"{text}; unit-level (ε={self.epsilon}, δ={self.delta}), the same noise is "
+            f"event-level ε≈{eps:.3g}"
+        )

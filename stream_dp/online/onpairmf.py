@@ -12,6 +12,7 @@ from stream_dp.online.budgeted import BudgetedLearner
 from stream_dp.online.correlated import CorrelatedNoiseMechanism
 from stream_dp.online.interfaces import AUCInterface, MetricInterface
 from stream_dp.online.params import river_check_params
+from stream_dp.online.units import check_unit_params
 from stream_dp.operator_metrics import check_shares
 from stream_dp.privacy.budget import zcdp_budget
 from stream_dp.privacy.influence import pair_term_bounds, window_pattern
@@ -149,6 +150,19 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
     metrics_share, metrics_noise
         The share of ρ and the noise of the differentially private operator metrics (as
         :class:`~stream_dp.online.OnPairStrC`; default 0: none).
+    unit_key
+        The field of ``x`` naming the privacy unit (a person, account, device), read and never
+        learned from; ``None`` (default): event-level, neighbouring streams differ in one event.
+        With it, the guarantee is per unit (:mod:`stream_dp.online.units`, ``docs/units.md``):
+        at most ``max_events_per_unit`` events of a unit are learned, at least
+        ``min_separation`` steps apart; the others are dropped (:attr:`units_dropped`) and Δ is
+        the certified sensitivity of k events of one unit
+        (:func:`~stream_dp.privacy.unit_sensitivity.unit_sensitivity`).
+    max_events_per_unit
+        k: events learned per unit, ever (default 1).
+    min_separation
+        b: steps between two learned events of one unit; ``None``: ``buffer + 1``, which keeps
+        a unit's events out of each other's window (and makes Δ exact).
 
     Examples
     --------
@@ -193,6 +207,9 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         budget_share: float | None = None,
         metrics_share: float = 0.0,
         metrics_noise: str = "blt",
+        unit_key: str | None = None,
+        max_events_per_unit: int = 1,
+        min_separation: int | None = None,
     ) -> None:
         self.task = task
         self.epsilon = epsilon
@@ -216,6 +233,9 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         self.budget_share = budget_share
         self.metrics_share = metrics_share
         self.metrics_noise = metrics_noise
+        self.unit_key = unit_key
+        self.max_events_per_unit = max_events_per_unit
+        self.min_separation = min_separation
         _check_params(self)
         self._setup(0.0)
         self._metrics = self._operator_metrics()
@@ -249,7 +269,9 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
             if share != 1.0:
                 budget = budget.slice(share, MECHANISM_NAME)
             rho = budget.limit
-        mf = MFMechanism(factorization, pattern, horizon, rho, size)
+        unit = self._unit
+        k, b = (1, 1) if unit is None else (unit.max_events, unit.min_separation)
+        mf = MFMechanism(factorization, pattern, horizon, rho, size, k, b)
         return CorrelatedNoiseMechanism(mf, budget, self.averaging, horizon)
 
     def _fixed_step(self, mechanism: CorrelatedNoiseMechanism) -> tuple[float, int]:
@@ -297,11 +319,18 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
             "step": 1, "mechanism": MECHANISM_NAME, "factorization": mf.factorization.name,
             "sensitivity": mf.sensitivity, "sigma": mf.sigma,
             "rho": mf.charged_rho if mf.private else 0.0, "covers": self.horizon,
+            **self._plan_unit(mf.event_sensitivity, mf.event_rho),
         }]  # fmt: skip
         n = NOMINAL_HORIZON if self.horizon is None else int(self.horizon)
         for t in steps or sorted({1, max(1, n // 4), max(1, n // 2), n}):
             out.append({"step": int(t), "prefix_std": mf.prefix_noise_std(int(t))})
         return out
+
+    def _own_rhos(self) -> tuple[float, float]:
+        mech = self._state.mechanism
+        if not (self.mf.private and mech.charged):
+            return 0.0, 0.0
+        return self.mf.event(1).rho, self.mf.event_rho
 
     def describe(self) -> str:
         """The mechanism, its cost and the rules' values — before any data."""
@@ -318,7 +347,8 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         return (
             f"{flag}{self._state.mechanism.describe()}; {budget}{cover}; window = divisor "
             f"B={self.window}; η={self.step_size_:.4g}; D={self.model_radius}; releases: "
-            f"every step ({avg}), free; influence ‖u‖₁={float(mf.pattern.sum()):.4g}"
+            f"every step ({avg}), free; influence ‖u‖₁={float(mf.pattern.sum()):.4g}; "
+            + self._describe_guarantee(mf.event_rho)
         )
 
     def __repr__(self) -> str:
@@ -362,6 +392,8 @@ def _check_params(m: OnPairMF) -> None:
                                         and m.averaging >= 0):  # fmt: skip
         raise ValueError(f"averaging must be None or a number >= 0, got {m.averaging!r}")
     check_shares(m.budget_share, m.metrics_share, m.metrics_noise)
+    check_unit_params(m.unit_key, m.max_events_per_unit, m.min_separation, m.features,
+                      m.metrics_share)  # fmt: skip
 
 
 class OnPairMFAUC(OnPairMF, AUCInterface):

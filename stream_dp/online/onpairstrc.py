@@ -16,6 +16,7 @@ from stream_dp.online.budgeted import BudgetedLearner
 from stream_dp.online.interfaces import AUCInterface, MetricInterface
 from stream_dp.online.output_perturbation import OutputPerturbation
 from stream_dp.online.params import river_check_params
+from stream_dp.online.units import check_unit_params
 from stream_dp.operator_metrics import check_shares
 from stream_dp.privacy.budget import zcdp_budget
 from stream_dp.privacy.events import gaussian_rho
@@ -122,6 +123,19 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
     metrics_noise
         Their continual-release noise: ``"blt"`` (default; also for ``horizon=None``) or
         ``"tree"``.
+    unit_key
+        The field of ``x`` naming the privacy unit (read, never learned from); ``None``
+        (default): event-level. With it the guarantee is per unit (``docs/units.md``): at most
+        ``max_events_per_unit`` events of a unit are learned, ``min_separation`` steps apart,
+        the others dropped (:attr:`units_dropped`); each release is calibrated to
+        ``min(diam C, k·Δ_t)``
+        (:func:`~stream_dp.privacy.unit_sensitivity.replaced_events_bound`), on the reference
+        path (the compiled path calibrates to one record).
+    max_events_per_unit
+        k: events learned per unit, ever (default 1).
+    min_separation
+        b: steps between two learned events of one unit; ``None``: the buffer's capacity + 1
+        (1 for ``"all"``). The bound holds for any b.
 
     Examples
     --------
@@ -170,6 +184,9 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
         budget_share: float | None = None,
         metrics_share: float = 0.0,
         metrics_noise: str = "blt",
+        unit_key: str | None = None,
+        max_events_per_unit: int = 1,
+        min_separation: int | None = None,
     ) -> None:
         self.task = task
         self.epsilon = epsilon
@@ -197,6 +214,9 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
         self.budget_share = budget_share
         self.metrics_share = metrics_share
         self.metrics_noise = metrics_noise
+        self.unit_key = unit_key
+        self.max_events_per_unit = max_events_per_unit
+        self.min_separation = min_separation
         _check_release_params(self)
         self._setup(
             self._alpha_rule(),
@@ -261,8 +281,9 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
             shared_members=buffer.kind == "all", distinct=buffer.distinct,
         )  # fmt: skip
         paper = (c.lipschitz, c.strong_convexity) if self.sensitivity == "paper" else None
+        k = 1 if self._unit is None else self._unit.max_events
         return OutputPerturbation(releases, schedule, tracker, T1, int(self.release_every),
-                                  self.horizon, paper)  # fmt: skip
+                                  self.horizon, paper, k)  # fmt: skip
 
     @property
     def T1(self) -> int:
@@ -315,9 +336,22 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
                 sens = mech.sensitivity(t)
                 if wanted is None or t in wanted:
                     sigma = release_sigma(sens, rho)
+                    event = mech.event_sensitivity(t)
                     out.append({"step": t, "sensitivity": sens, "sigma": sigma,
-                                "rho": gaussian_rho(sens, sigma)})  # fmt: skip
+                                "rho": gaussian_rho(sens, sigma),
+                                **self._plan_unit(event, gaussian_rho(event, sigma))})  # fmt: skip
         return out
+
+    def _planned_event_rho(self, plan: list[dict]) -> float:
+        """The budget's ρ at one event's Δ: the first release's ratio of the two costs (the
+        same for all while ``k·Δ_t`` stays below the diameter, larger after)."""
+        if self._unit is None or not plan or not plan[0]["rho"] > 0:
+            return 0.0
+        return self.budget.limit * plan[0]["event_rho"] / plan[0]["rho"]
+
+    def _own_rhos(self) -> tuple[float, float]:
+        mech = self._state.mechanism
+        return mech.rho_unit_spent, mech.rho_event_spent
 
     def describe(self) -> str:
         """T1, the budget and the noise of the first learned release — before any data."""
@@ -338,7 +372,8 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
             f"{flag}T1={self.T1} warm-up steps; G={c.lipschitz:.4g}, L={c.smoothness:.4g}, "
             f"α={c.strong_convexity:.4g}; ρ budget={self.budget.limit:.4g} "
             f"(ε={self.epsilon}, δ={self.delta}, {self.conversion}); {sched}; "
-            f"σ per coordinate at step {first} ≈ {sig} ({self.sensitivity} sensitivity)"
+            f"σ per coordinate at step {first} ≈ {sig} ({self.sensitivity} sensitivity); "
+            + self._describe_guarantee(self._planned_event_rho(plan))
             + self._describe_metrics()
         )
 
@@ -368,6 +403,8 @@ def _check_release_params(m: OnPairStrC) -> None:
     if m.warmup is not None and (isinstance(m.warmup, bool) or int(m.warmup) < 1):
         raise ValueError(f"warmup must be None (the paper's T1) or an int >= 1, got {m.warmup!r}")
     check_shares(m.budget_share, m.metrics_share, m.metrics_noise)
+    check_unit_params(m.unit_key, m.max_events_per_unit, m.min_separation, m.features,
+                      m.metrics_share)  # fmt: skip
 
 
 class OnPairStrCAUC(OnPairStrC, AUCInterface):

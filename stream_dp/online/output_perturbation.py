@@ -42,6 +42,7 @@ from stream_dp.privacy.events import GaussianEvent, GaussianEvents, gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
 from stream_dp.privacy.schedules import Schedule, schedule_from_dict
+from stream_dp.privacy.unit_sensitivity import replaced_events_bound
 from stream_dp.sensitivity import CertifiedSensitivity, cert_admit, cert_step
 
 __all__ = ["OutputPerturbation", "OutputPerturbationSettings"]
@@ -83,6 +84,7 @@ class OutputPerturbation(Mechanism):
         release_every: int = 1,
         horizon: int | None = None,
         paper_sensitivity: tuple[float, float] | None = None,
+        max_events: int = 1,
     ) -> None:
         self.budget = budget
         self.schedule = schedule
@@ -93,6 +95,11 @@ class OutputPerturbation(Mechanism):
         #: The horizon for compiled code and :func:`~stream_dp.huai.is_release_step` (−1: none).
         self.horizon_code = -1 if horizon is None else int(horizon)
         self.paper_sensitivity = paper_sensitivity
+        # k > 1 (a unit-level learner): every release is calibrated to k replaced records
+        # (replaced_events_bound); the event-level cost of the same charges is kept beside it.
+        self.max_events = int(max_events)
+        self.rho_event_spent = 0.0
+        self.rho_unit_spent = 0.0
         self.n_charged = 0
         self.last_sigma: float | None = None
         self.last_sensitivity: float | None = None
@@ -119,7 +126,16 @@ class OutputPerturbation(Mechanism):
         tr.admit(slots, olds, None if tr.distinct else ids_after)
 
     def sensitivity(self, t: int, tracker: CertifiedSensitivity | None = None) -> float:
-        """Δ_t of the iterate just observed (the paper's bound, if chosen, never below it)."""
+        """Δ_t of the iterate just observed for the learner's neighbouring relation: one
+        record, or k records of one unit (``min(diam C, k·Δ_t)``)."""
+        bound = self.event_sensitivity(t, tracker)
+        if self.max_events == 1:
+            return bound
+        diameter = float((tracker or self.tracker).constants[3])
+        return replaced_events_bound(bound, self.max_events, diameter)
+
+    def event_sensitivity(self, t: int, tracker: CertifiedSensitivity | None = None) -> float:
+        """Δ_t of one record (the paper's bound, if chosen, never below it)."""
         bound = (tracker or self.tracker).current
         if self.paper_sensitivity is not None:
             G, alpha = self.paper_sensitivity
@@ -146,6 +162,9 @@ class OutputPerturbation(Mechanism):
             self._refuse(t, str(exc))
             return None
         self._charged(sens, sigma)
+        if self.max_events > 1:
+            self.rho_unit_spent += gaussian_rho(sens, sigma)
+            self.rho_event_spent += gaussian_rho(self.event_sensitivity(t), sigma)
         return w + self.noise.gaussian(t, (w.size,), sigma)
 
     def _charged(self, sens: float, sigma: float, count: int = 1) -> None:
@@ -192,7 +211,10 @@ class OutputPerturbation(Mechanism):
     def compiled(
         self, buffer: Buffer, step_size: Callable[[int], float], rows: int
     ) -> _Compiled | None:
-        """Noise rows in blocks (:meth:`KeyedNoise.block`) of the default keyed noise only."""
+        """Noise rows in blocks (:meth:`KeyedNoise.block`) of the default keyed noise only;
+        event-level only (the compiled release calibrates to one record's Δ_t)."""
+        if self.max_events != 1:
+            return None
         if type(self.noise) is not KeyedNoise or rows_per_block(int(np.prod(self.shape))) < 2:
             return None
         return _Compiled(self, buffer, step_size, rows)
@@ -225,7 +247,11 @@ class OutputPerturbation(Mechanism):
             "n_charged": self.n_charged,
             "schedule": self.schedule.to_dict(),
             "exhausted_why": self.exhausted_why,
-        }
+        } | (
+            {}
+            if self.max_events == 1
+            else {"rho_event_spent": self.rho_event_spent, "rho_unit_spent": self.rho_unit_spent}
+        )
 
     def load_state_dict(self, state: dict) -> None:
         self.budget = restore_budget(self.budget, state["budget"])
@@ -236,6 +262,8 @@ class OutputPerturbation(Mechanism):
             raise ValueError(f"checkpoint was made with {stored!r}, this learner uses "
                              f"{self.schedule!r}")  # fmt: skip
         self.exhausted_why = state.get("exhausted_why")
+        self.rho_event_spent = float(state.get("rho_event_spent", 0.0))
+        self.rho_unit_spent = float(state.get("rho_unit_spent", 0.0))
         self._certain = 0
         self._ledger_len = -1
 

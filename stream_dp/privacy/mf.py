@@ -33,6 +33,7 @@ from stream_dp.privacy.factorizations import BinaryTree, Factorization, Independ
 from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.privacy.unbounded_blt import UNBOUNDED_HORIZONS, unbounded_blt
+from stream_dp.privacy.unit_sensitivity import UnitSensitivity, unit_sensitivity
 
 __all__ = [
     "MECHANISM_NAME",
@@ -114,6 +115,12 @@ class MFMechanism:
         for a noise-free (non-private) run.
     size
         Values per gradient row.
+    max_events, min_separation
+        The contribution bound of a unit-level learner (k events of a unit, ≥ b steps apart):
+        Δ is then the certified unit-level sensitivity
+        (:func:`~stream_dp.privacy.unit_sensitivity.unit_sensitivity`), and
+        :attr:`event_sensitivity` the event-level one it is compared with. ``k = 1`` (default)
+        is the event-level mechanism.
 
     Examples
     --------
@@ -132,6 +139,8 @@ class MFMechanism:
         horizon: int | None,
         rho: float | None,
         size: int,
+        max_events: int = 1,
+        min_separation: int = 1,
     ) -> None:
         if horizon is None and not isinstance(factorization, BLT):
             raise ValueError("an unknown horizon needs BLT noise (its column norms converge)")
@@ -139,7 +148,14 @@ class MFMechanism:
         self.pattern = np.asarray(pattern, dtype=float)
         self.horizon = None if horizon is None else int(horizon)
         self.size = int(size)
-        self.sensitivity = float(factorization.sensitivity(self.pattern, self.horizon))
+        self.event_sensitivity = float(factorization.sensitivity(self.pattern, self.horizon))
+        self.sensitivity = self.event_sensitivity
+        self.unit: UnitSensitivity | None = None
+        if max_events != 1 or min_separation != 1:
+            self.unit = unit_sensitivity(
+                factorization, self.pattern, self.horizon, max_events, min_separation
+            )
+            self.sensitivity = float(self.unit.sensitivity)
         self.rho = None if not rho else float(rho)
         self.sigma = (
             0.0 if self.rho is None else gaussian_sigma_zcdp(self.sensitivity, self.rho * _SHARE)
@@ -153,6 +169,12 @@ class MFMechanism:
     def charged_rho(self) -> float:
         """The zCDP cost ``Δ²/(2σ²)`` of the stream's one charge (just under ``rho``)."""
         return gaussian_rho(self.sensitivity, self.sigma)
+
+    @property
+    def event_rho(self) -> float:
+        """The zCDP cost of one *event* at this σ, ``Δ_event²/(2σ²)`` (the event-level
+        guarantee a unit-level mechanism also gives; 0 without noise)."""
+        return gaussian_rho(self.event_sensitivity, self.sigma) if self.private else 0.0
 
     def event(self, step: int) -> GaussianEvent:
         """The ledger event: one Gaussian mechanism with (Δ, σ), charged at ``step`` under the
@@ -191,6 +213,14 @@ class MFMechanism:
             "influence_l1": float(self.pattern.sum()),
             "influence_steps": int(len(self.pattern)),
         }
+        if self.unit is not None:
+            out["unit"] = {
+                "max_events": self.unit.max_events,
+                "min_separation": self.unit.min_separation,
+                "event_sensitivity": self.event_sensitivity,
+                "exact": self.unit.exact,
+                "method": self.unit.method,
+            }
         if self.horizon is not None:
             out["max_column_norm"] = f.max_column_norm(self.horizon)
         return out
@@ -202,7 +232,11 @@ class MFMechanism:
             "horizon": self.horizon,
             "rho": self.rho,
             "size": self.size,
-        }
+        } | (
+            {}
+            if self.unit is None
+            else {"max_events": self.unit.max_events, "min_separation": self.unit.min_separation}
+        )
 
     @classmethod
     def from_state_dict(cls, state: dict) -> MFMechanism:
@@ -212,4 +246,6 @@ class MFMechanism:
             state["horizon"],
             state["rho"],
             state["size"],
+            state.get("max_events", 1),
+            state.get("min_separation", 1),
         )

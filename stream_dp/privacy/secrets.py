@@ -58,6 +58,7 @@ PURPOSES: tuple[str, ...] = (
 #: Purposes whose key feeds no generator, so never a noise lane: each has its own derived key.
 KEY_PURPOSES: tuple[str, ...] = (
     "checkpoint",  # AES-GCM key sealing a checkpoint that leaves the process (stream_dp.sealing)
+    "units",  # the key of a contribution bound's unit hash (stream_dp.privacy.contribution)
 )
 
 _PERSON = b"stream_dp/v2"  # BLAKE2b personalisation: no other protocol shares these keys
