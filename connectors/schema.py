@@ -613,6 +613,11 @@ class ReleaseMessage(BaseModel):
         True once the budget is used up: this is the final release.
     private : bool, default True
         False for a run declared non-private (a reproducible, guessable noise seed).
+    privacy_unit : dict, optional
+        A unit-level model's neighbouring relation (the unit's field, k events per unit, b
+        steps apart); absent for an event-level model, whose guarantee is per record.
+    epsilon_event_spent : float, optional
+        A unit-level model's ε for one record at the same noise, beside ``epsilon_spent``.
     time : float, default now
         Unix seconds when the release was made.
 
@@ -649,6 +654,8 @@ class ReleaseMessage(BaseModel):
     delta: float = Field(ge=0, lt=1)
     exhausted: bool
     private: bool = True
+    privacy_unit: dict[str, str | int] | None = None
+    epsilon_event_spent: float | None = Field(default=None, ge=0)
     time: float = Field(default_factory=time.time)
 
     @model_validator(mode="before")
@@ -765,7 +772,7 @@ class ReleaseEncoder:
     def _template(self, key: tuple) -> None:
         """Encode the fields that stay the same for a model's run (``key``, as :meth:`encode`
         builds it) once."""
-        model_id, run_id, algorithm, task, shape, names, rho_budget, delta, private = key
+        model_id, run_id, algorithm, task, shape, names, rho_budget, delta, private, unit = key
         self._head = (
             f'{{"schema_version":2,"model_id":{_json(model_id)},'
             f'"run_id":{_json(run_id)},"algorithm":{_json(algorithm)},'
@@ -776,7 +783,9 @@ class ReleaseEncoder:
         )
         self._tail = (
             f',"rho_budget":{_json(rho_budget)},"delta":{_json(delta)}',
-            f',"private":{_json(bool(private))},"time":',
+            f',"private":{_json(bool(private))}'
+            + ("" if unit is None else f',"privacy_unit":{unit}')
+            + ',"time":',
         )
 
     def encode(self, fields: Mapping[str, Any], **more: Any) -> bytes:
@@ -800,6 +809,7 @@ class ReleaseEncoder:
             data["model_id"], data["run_id"], data["algorithm"], data["task"],
             tuple(data["shape"]), tuple(data["feature_names"]), data["rho_budget"],
             data["delta"], data["private"],
+            None if data.get("privacy_unit") is None else _json(data["privacy_unit"]),
         )  # fmt: skip
         if key != self._key:
             self._template(key)
@@ -811,7 +821,12 @@ class ReleaseEncoder:
             f'{self._head}{int(data["step"])},"release_index":{int(data["release_index"])},'
             f'"weights":"{weights}{self._middle}{_number(data["rho_spent"])}'
             f'{self._tail[0]},"epsilon_spent":{_number(data["epsilon_spent"])}'
-            f',"exhausted":{"true" if data["exhausted"] else "false"}{self._tail[1]}'
+            + (
+                ""
+                if data.get("epsilon_event_spent") is None
+                else f',"epsilon_event_spent":{_number(data["epsilon_event_spent"])}'
+            )
+            + f',"exhausted":{"true" if data["exhausted"] else "false"}{self._tail[1]}'
             f"{_number(stamp)}}}"
         )
         return text.encode("utf-8")
@@ -828,7 +843,11 @@ def _flat_floats(values: list) -> bool:
 
 
 def release_message_bytes(
-    task: str, feature_names: Sequence[str], model_id: str, algorithm: str
+    task: str,
+    feature_names: Sequence[str],
+    model_id: str,
+    algorithm: str,
+    privacy_unit: Mapping[str, str | int] | None = None,
 ) -> int:
     """An upper bound on the size of any release of a model, from its schema alone.
 
@@ -843,6 +862,8 @@ def release_message_bytes(
         ``d`` weights for AUC, ``d × d`` for a metric.
     feature_names : sequence of str
     model_id, algorithm : str
+    privacy_unit : mapping, optional
+        A unit-level model's relation (its release messages carry it).
 
     Returns
     -------
@@ -876,6 +897,8 @@ def release_message_bytes(
         delta=longest,
         exhausted=False,
         private=False,
+        privacy_unit=None if privacy_unit is None else dict(privacy_unit),
+        epsilon_event_spent=None if privacy_unit is None else longest,
         time=longest,
     )
     return len(msg.to_json())

@@ -205,6 +205,7 @@ def dry_run(config) -> str:
         f"model {m.model_id}: {m.algorithm} task={m.task}, {len(m.features)} declared features"
         + ("" if not m.reproducible else " — NOT PRIVATE (reproducible seed)"),
         learner.describe(),
+        _relation(config, learner),
         f"ρ budget {learner.budget.limit:.6g} for (ε={learner.epsilon}, "
         f"δ={learner.delta}) with the {learner.conversion} conversion",
         *([f"schedule: {schedule!r}"] if schedule is not None else []),
@@ -221,11 +222,36 @@ def dry_run(config) -> str:
     return "\n".join(lines)
 
 
+def _relation(config, learner) -> str:
+    """The neighbouring relation the run's guarantee is for, and where the unit comes from."""
+    rel = learner.neighbouring()
+    if rel["level"] == "event":
+        return f"guarantee: {rel['relation']}"
+    where = (
+        "the Kafka message key"
+        if config.units_from_key
+        else f"the record field {rel['unit_key']!r}"
+    )
+    plan = learner.noise_plan()[0]
+    from stream_dp.online.units import event_epsilon
+
+    rho = plan.get("event_rho", 0.0)
+    if "event_sensitivity" in plan and plan.get("rho"):
+        rho = learner.budget.limit * plan["event_rho"] / plan["rho"]
+    eps_event = event_epsilon(rho, learner.delta, learner.conversion)
+    return (
+        f"guarantee: unit-level (ε={learner.epsilon}, δ={learner.delta}) per unit "
+        f"{rel['unit_key']!r} (read from {where}): {rel['relation']}; the same noise is "
+        f"event-level ε≈{eps_event:.4g}"
+    )
+
+
 def _scale_plan(config, rho: float) -> list[str]:
     """A person's guarantee over K partition learners: both compositions, and which holds."""
     from stream_dp.privacy.conversions import epsilon_from_rho
 
-    m, keyed = config.model, config.scale.privacy_unit_key
+    # A unit read from the message key is the key Kafka partitions by: parallel by construction.
+    m, keyed = config.model, config.scale.privacy_unit_key or config.units_from_key
     conversion = getattr(m, "conversion", "tight")
     lines = [
         f"per-partition: one learner per input partition ({m.model_id}/p<k>), each within "

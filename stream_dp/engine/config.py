@@ -75,6 +75,7 @@ __all__ = [
     "SinkConfig",
     "SourceConfig",
     "StatusConfig",
+    "UnitsConfig",
     "load_config",
     "same_cluster",
 ]
@@ -310,6 +311,17 @@ class ScaleConfig(_Strict):
     )
 
 
+class UnitsConfig(_Strict):
+    """Where a unit-level model (``[model] unit_key``) reads each record's privacy unit
+    (``docs/units.md``)."""
+
+    source: Literal["record", "message_key"] = Field(
+        "record",
+        description='"record": the record\'s top-level field named by model.unit_key; '
+        '"message_key": the Kafka message key (model.unit_key then only names the unit).',
+    )
+
+
 class EngineConfig(_Strict):
     model: ModelConfig = Field(default_factory=lambda: model_section(DEFAULT_ALGORITHM)())
     source: SourceConfig
@@ -320,6 +332,7 @@ class EngineConfig(_Strict):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    units: UnitsConfig = Field(default_factory=UnitsConfig)
     max_message_bytes: int = Field(1_000_000, ge=1)
 
     @model_validator(mode="before")
@@ -352,7 +365,19 @@ class EngineConfig(_Strict):
             )
         if self.scale.checkpoint_topic is not None and self.scale.mode != "per-partition":
             raise ValueError('scale.checkpoint_topic needs scale.mode = "per-partition"')
+        if self.units.source == "message_key" and (
+            getattr(self.model, "unit_key", None) is None or self.source.kind != "kafka"
+        ):
+            raise ValueError(
+                'units.source = "message_key" needs model.unit_key (the unit\'s name) and a '
+                "kafka source"
+            )
         return self
+
+    @property
+    def units_from_key(self) -> bool:
+        """Whether every record's privacy unit is its Kafka message key (a unit-level model)."""
+        return self.units.source == "message_key" and self.model.unit_key is not None
 
     @property
     def transactional_id(self) -> str:

@@ -10,7 +10,12 @@ each with what the commit cycle must publish for it:
 ``REJECTED``    bad input: never learned from                            a dead letter (reason)
 ``EXHAUSTED``   valid, but the budget is spent: no longer learned        a dead letter
                                                                          (``budget_exhausted``)
+``DROPPED``     valid, but its privacy unit's contribution bound is     nothing (committed and
+                reached (``model.unit_key``): never learned from        counted)
 ==============  ======================================================  =====================
+
+A unit-level model (``model.unit_key``) reads each record's unit from the record's top-level
+field of that name, or from the Kafka message key (``[units] source = "message_key"``).
 
 Both stages raise the one record-error type, :class:`connectors.schema.RecordError`, with its
 reason code. The learner's checkpoint state goes through :class:`Learning` too: the noise secret
@@ -21,6 +26,7 @@ relative to the checkpoint so that the state directory can move.
 from __future__ import annotations
 
 import enum
+import json
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -43,6 +49,7 @@ class Outcome(enum.Enum):
     RELEASED = "released"
     REJECTED = "rejected"
     EXHAUSTED = "exhausted"
+    DROPPED = "dropped"
 
 
 class Handled(NamedTuple):
@@ -60,6 +67,7 @@ class Handled(NamedTuple):
 
 
 _LEARNED = Handled(Outcome.LEARNED)
+_DROPPED = Handled(Outcome.DROPPED)
 
 
 class Learning:
@@ -101,6 +109,11 @@ class Learning:
         #: The run the releases belong to (set when the run starts).
         self.run_id: str | None = None
         self._encoder = ReleaseEncoder()
+        #: The record field naming the privacy unit (None: event-level), and whether the unit
+        #: is the Kafka message key instead.
+        self.unit_key = getattr(config.model, "unit_key", None)
+        units = getattr(config, "units", None)
+        self.unit_from_message_key = units is not None and units.source == "message_key"
         if secret is not None:
             # A learner refuses an explicit ``seed`` unless the run is declared non-private (a
             # guessable integer); a secret derived from a 128-bit master is not guessable, and
@@ -110,8 +123,9 @@ class Learning:
             learner.load_state_dict(state)
 
     # -- records ---------------------------------------------------------------------------
-    def handle(self, value: Any, position: Any = None) -> Handled:
-        """Learn one message (its raw ``value``; ``position`` goes into a dead letter)."""
+    def handle(self, value: Any, position: Any = None, key: bytes | None = None) -> Handled:
+        """Learn one message (its raw ``value``; ``position`` goes into a dead letter; ``key``:
+        the Kafka message key, the unit when ``[units] source = "message_key"``)."""
         learner = self.learner
         step = learner.step
         unknown = 0
@@ -119,11 +133,15 @@ class Learning:
             x, y, unknown = parse_conformed(
                 value, self.features, self.known, max_bytes=self.max_bytes
             )
+            if self.unit_key is not None:
+                x = self._with_unit(x, value, key)
             learner.learn_one(x, y)
         except RecordError as err:  # from the wire format or from the learner: one type
             return _dead(Outcome.REJECTED, err.reason, err.message, value, position, unknown)
         # ``step`` counts the records the learner has learned and ``release_step`` is the
         # step of its latest release: learn_one's effect, as the learner documents it.
+        if learner.step == step and not learner.exhausted:
+            return _DROPPED  # the unit's bound: counted by the learner, nothing published
         if learner.step == step:
             return _dead(
                 Outcome.EXHAUSTED,
@@ -141,6 +159,17 @@ class Learning:
         fields.setdefault("private", self.private)
         release = self._encoder.encode(fields, run_id=self.run_id, time=time.time())
         return Handled(Outcome.RELEASED, fields["model_id"], release, unknown)
+
+    def _with_unit(self, x, value: Any, key: bytes | None) -> dict:
+        """``x`` with the record's unit in the field the learner reads it from."""
+        if not isinstance(x, dict):
+            x = dict(zip(self.features, x, strict=True))
+        if self.unit_from_message_key:
+            unit = key
+        else:  # a top-level field of the record (valid JSON: parse_conformed accepted it)
+            data = json.loads(bytes(value) if isinstance(value, memoryview | bytearray) else value)
+            unit = data.get(self.unit_key) if isinstance(data, dict) else None
+        return {**x, self.unit_key: unit}
 
     # -- checkpoints -----------------------------------------------------------------------
     def checkpoint_state(self, journal: Path, *, portable: bool = False) -> dict:

@@ -13,6 +13,8 @@ from typing import Any
 
 from connectors.schema import release_message_bytes
 from stream_dp.engine.config import EngineConfig, SinkConfig, SourceConfig, same_cluster
+from stream_dp.online.units import unit_relation
+from stream_dp.privacy.contribution import MAX_EVENTS, MAX_STEP
 
 __all__ = ["ReleaseTooLarge", "check_kafka", "release_size"]
 
@@ -37,7 +39,10 @@ def release_size(config: EngineConfig) -> tuple[int, int | None]:
     """
     m = config.model
     features = list(m.features or ())
-    value = release_message_bytes(m.task, features, m.model_id, m.variant_name())
+    unit = getattr(m, "unit_key", None)
+    # A unit-level model's releases carry its relation: sized with the largest k and b.
+    relation = None if unit is None else unit_relation(unit, MAX_EVENTS, MAX_STEP)
+    value = release_message_bytes(m.task, features, m.model_id, m.variant_name(), relation)
     sink = config.releases
     if sink.kind != "kafka":
         return value, None

@@ -377,7 +377,7 @@ class Engine:
 
     def _handle(self, msg) -> Handled:
         """Learn one message; what it produced goes into the cycle's outbox."""
-        done = self.learning.handle(msg.value, msg.position)
+        done = self.learning.handle(msg.value, msg.position, msg.key)
         self.stats.count(done)
         if done.value is not None:
             stream = RELEASES if done.outcome is Outcome.RELEASED else DEAD_LETTERS

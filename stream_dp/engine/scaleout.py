@@ -553,7 +553,8 @@ class ScaleOut:
         from stream_dp.privacy.conversions import epsilon_from_rho
 
         rho = {k: s["rho_spent"] for k, s in parts.items()}
-        comp = composition(rho, self.config.scale.privacy_unit_key)
+        keyed = self.config.scale.privacy_unit_key or self.config.units_from_key
+        comp = composition(rho, keyed)
         delta = self.config.model.delta
         conv = getattr(self.config.model, "conversion", "tight")
         now = time.time()
@@ -567,7 +568,7 @@ class ScaleOut:
             "records": self.records,
             "skipped_records": sum(e.source.skipped_records for e in self.engines.values()),
             "broker_unreachable_since": self.unreachable_since,
-            "privacy_unit_key": self.config.scale.privacy_unit_key,
+            "privacy_unit_key": keyed,
             **comp,
             # zCDP composes in ρ; the (ε, δ) of the composition is converted once.
             "epsilon_spent": epsilon_from_rho(comp["rho"], delta, conv) if comp["rho"] else 0.0,

@@ -128,6 +128,8 @@ class EngineStats:
     releases: int = 0
     dead_letters: int = 0
     exhausted_skipped: int = 0
+    #: Valid records a unit-level model's contribution bound dropped (committed, unpublished).
+    dropped: int = 0
     unknown_features: int = 0
     records_with_unknown_features: int = 0
     started: float = field(default_factory=time.time)
@@ -146,6 +148,8 @@ class EngineStats:
             self.releases += 1
         elif outcome is Outcome.LEARNED:
             self.learned += 1
+        elif outcome is Outcome.DROPPED:
+            self.dropped += 1
         else:  # a dead letter, keyed by its reason
             if outcome is Outcome.REJECTED:
                 self.dead_letters += 1
@@ -160,6 +164,7 @@ class EngineStats:
             "releases": self.releases,
             "dead_letters": self.dead_letters,
             "exhausted_skipped": self.exhausted_skipped,
+            "dropped": self.dropped,
             "unknown_features": self.unknown_features,
             "records_with_unknown_features": self.records_with_unknown_features,
         }
@@ -262,6 +267,7 @@ class StatusReporter:
             "pending_messages": pending,
             **stats.to_dict(),
             "dp_metrics": dp_operator_metrics(learner) if dp else {},
+            "privacy": learner.guarantee(),
         }
 
     @staticmethod

@@ -267,7 +267,7 @@ class PairwiseLearner(base.Estimator):
         if not released:
             self._exhaust()
 
-    def learn_many(self, X, y) -> None:
+    def learn_many(self, X, y, units=None) -> None:
         """Learn from a batch: exactly the effect of ``learn_one`` on each row, in order.
 
         ``X`` is a 2-D array (rows in schema order) or a pandas DataFrame (columns are feature
@@ -275,6 +275,10 @@ class PairwiseLearner(base.Estimator):
         a time (to ~1e-15; bit for bit for everything privacy-relevant), but runs of records go
         through the compiled fast path in one call. An invalid row is handled as ``learn_one``
         would: the rows before it are learned, then :class:`InvalidRecord` is raised.
+
+        A unit-level learner (``unit_key``) takes each row's unit from ``units`` (one per row)
+        or from the DataFrame's unit column; the rows its contribution bound drops are never
+        learned from.
         """
         labels = list(y)
         m = len(labels)
@@ -283,8 +287,10 @@ class PairwiseLearner(base.Estimator):
         if m == 0:
             return
         if self._unit is not None:
-            self._learn_many_units(X, y, labels)
+            self._learn_many_units(X, y, labels, units)
             return
+        if units is not None:
+            raise ValueError("units=... is for a unit-level learner (give unit_key)")
         inp = self._input
         batch = inp.validate_batch(X, y)
         if batch is None:  # unusual input (no schema yet, object columns, ...): one at a time
@@ -297,6 +303,14 @@ class PairwiseLearner(base.Estimator):
         if k < m:
             self.learn_one(inp.row(X, k), labels[k])  # raises as learn_one does
             self.learn_many(inp.rest(X, k + 1), labels[k + 1 :])
+
+    def _row_dict(self, X, i: int) -> dict:
+        """Row i of a batch as a record (array rows by the schema's names)."""
+        row = self._input.row(X, i)
+        if isinstance(row, dict):
+            return row
+        names = self._input.names or range(len(row))
+        return dict(zip(names, row, strict=False))
 
     def _learn_valid(self, rows, codes, clipped, labels, k: int) -> None:
         """Learn the first k validated rows (fast runs where possible)."""
@@ -314,19 +328,19 @@ class PairwiseLearner(base.Estimator):
                 self._exhaust()
             i = j
 
-    def _learn_many_units(self, X, y, labels: list) -> None:
+    def _learn_many_units(self, X, y, labels: list, units) -> None:
         """:meth:`learn_many` of a unit-level learner: the rows the bound admits, in order.
 
         Admission is decided on validated rows only (an invalid row takes no step, so it must
         not take a unit's slot either), before the fast path sees them; the dropped rows are
         counted by the bound and never learned from."""
         unit, inp = self._unit, self._input
-        units, rest = unit.split_frame(X)
+        units, rest = unit.split_batch(X, units)
         m = len(labels)
         batch = inp.validate_batch(rest, y)
         if batch is None:  # one at a time
             for i in range(m):
-                self.learn_one({**inp.row(rest, i), unit.key: units[i]}, labels[i])
+                self.learn_one({**self._row_dict(rest, i), unit.key: units[i]}, labels[i])
             return
         rows, codes, clipped = batch
         k = len(codes)
@@ -347,11 +361,11 @@ class PairwiseLearner(base.Estimator):
             kept = [labels[i] for i in keep]
             rows, codes, clipped = rows[idx], codes[idx], clipped[idx]
             if self.task == "metric":  # class codes are provisional in order of appearance
-                rows, codes, clipped = inp.validate_batch(rest.iloc[idx], kept)
+                codes = inp.validate_batch(rows, kept)[1]
             self._learn_valid(rows, codes, clipped, kept, len(idx))
         if k < m:
-            self.learn_one({**inp.row(rest, k), unit.key: units[k]}, labels[k])  # may raise
-            self.learn_many(inp.rest(X, k + 1), labels[k + 1 :])
+            self.learn_one({**self._row_dict(rest, k), unit.key: units[k]}, labels[k])
+            self.learn_many(inp.rest(rest, k + 1), labels[k + 1 :], units[k + 1 :])
 
     def _learn_rows(self, rows: np.ndarray, codes: np.ndarray, i: int, k: int) -> int:
         """Learn rows from i on (one fast run, or one reference step); the next row to learn,

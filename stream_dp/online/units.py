@@ -21,7 +21,7 @@ from stream_dp.privacy.contribution import ContributionBound
 from stream_dp.privacy.conversions import epsilon_from_rho
 from stream_dp.privacy.secrets import derive_key
 
-__all__ = ["EVENT_LEVEL", "PrivacyUnit", "check_unit_params", "event_epsilon"]
+__all__ = ["EVENT_LEVEL", "PrivacyUnit", "check_unit_params", "event_epsilon", "unit_relation"]
 
 #: What an event-level learner's guarantee covers.
 EVENT_LEVEL = "event-level: neighbouring streams differ in one event (no unit_key)"
@@ -50,6 +50,27 @@ def check_unit_params(unit_key, max_events, min_separation, features, metrics_sh
     for name, v in (("max_events_per_unit", max_events), ("min_separation", min_separation)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+
+
+def unit_relation(key: str, max_events: int, min_separation: int) -> dict:
+    """The neighbouring relation of a unit-level learner, as it is published.
+
+    Examples
+    --------
+    >>> unit_relation("person", 4, 129)["relation"]
+    'up to 4 admitted events of one unit replaced, ≥ 129 steps apart, step indices preserved'
+
+    """
+    return {
+        "level": "unit",
+        "unit_key": key,
+        "max_events_per_unit": int(max_events),
+        "min_separation": int(min_separation),
+        "relation": (
+            f"up to {max_events} admitted events of one unit replaced, ≥ {min_separation} steps "
+            "apart, step indices preserved"
+        ),
+    }
 
 
 class PrivacyUnit:
@@ -112,28 +133,26 @@ class PrivacyUnit:
             )
         return x.get(self.key), {k: v for k, v in x.items() if k != self.key}
 
-    def split_frame(self, X) -> tuple[list, object]:
-        """The units of a DataFrame's rows and the frame without the unit column."""
+    def split_batch(self, X, units) -> tuple[list, object]:
+        """The units of a batch's rows (``units``, or the unit column of a DataFrame) and the
+        batch without the unit column."""
         columns = getattr(X, "columns", None)
-        if columns is None or self.key not in columns:
-            raise ValueError(
-                f"learn_many of a unit-level learner needs a DataFrame with the unit column "
-                f"{self.key!r}"
-            )
-        return X[self.key].tolist(), X.drop(columns=[self.key])
+        has_column = columns is not None and self.key in columns
+        if units is None:
+            if not has_column:
+                raise ValueError(
+                    f"learn_many of a unit-level learner needs units=[...] (one per row) or a "
+                    f"DataFrame with the unit column {self.key!r}"
+                )
+            units = X[self.key].tolist()
+        units = list(units)
+        if len(units) != len(X):
+            raise ValueError(f"X has {len(X)} rows but {len(units)} units")
+        return units, (X.drop(columns=[self.key]) if has_column else X)
 
     def relation(self) -> dict:
         """The neighbouring relation, as status files and release messages state it."""
-        return {
-            "level": "unit",
-            "unit_key": self.key,
-            "max_events_per_unit": self.max_events,
-            "min_separation": self.min_separation,
-            "relation": (
-                f"up to {self.max_events} admitted events of one unit replaced, ≥ "
-                f"{self.min_separation} steps apart, step indices preserved"
-            ),
-        }
+        return unit_relation(self.key, self.max_events, self.min_separation)
 
     def describe(self) -> str:
         return (
@@ -148,7 +167,16 @@ class PrivacyUnit:
     def load_state_dict(self, state: dict) -> None:
         if state["key"] != self.key:
             raise ValueError(f"checkpoint reads units from {state['key']!r}, not {self.key!r}")
-        self.bound.load_state_dict(state["bound"])
+        bound = state["bound"]
+        if bound["last_step"] == 0 and len(bound["slots"]) == 0:
+            # Nothing admitted yet: an empty table is the same under any key (a learner whose
+            # secret is replaced before its first record keeps the bound of its new secret).
+            if bound["max_events"] != self.max_events or bound["min_separation"] != (
+                self.min_separation
+            ):
+                raise ValueError("the checkpoint bounds units by another (k, b)")
+            return
+        self.bound.load_state_dict(bound)
 
 
 def event_epsilon(rho_event: float, delta: float, conversion: str) -> float:
