@@ -29,6 +29,10 @@ A learner whose sensitivity is not the diameter of C gets other settings of the 
 window of partners in front of the differing record (``lead``) and one after it, so the record's
 pair terms follow the certified influence pattern.
 
+A unit-level learner (``unit_key``: ``docs/units.md``) is audited on streams that differ in
+``events`` records of one unit, ``separation`` steps apart (the certified worst placement's
+spacing), every partner its own unit: the neighbouring relation its ledger claims.
+
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class CanaryDesign:
         Partners before the differing record (1 for the output-perturbation learners; a
         windowed learner gets a full window, so the differing record meets every partner its
         certified influence pattern allows at its own step).
+    events, separation
+        The differing records: ``events`` of them (one unit's), ``separation`` apart (1, 1:
+        the one differing record of an event-level audit).
 
     Examples
     --------
@@ -92,11 +99,27 @@ class CanaryDesign:
     benign: tuple
     probe: np.ndarray
     lead: int = 1
+    events: int = 1
+    separation: int = 1
+
+    @property
+    def positions(self) -> list[int]:
+        """The 0-based positions of the differing records."""
+        return [self.lead + i * self.separation for i in range(self.events)]
 
     def stream(self, with_canary: bool) -> list[tuple]:
         """The records of one world, in order."""
         x = self.canary if with_canary else self.benign
-        return [self.partner] * self.lead + [x] + [self.partner] * (self.length - self.lead - 1)
+        out = [self.partner] * self.length
+        for i in self.positions:
+            out[i] = x
+        return out
+
+    def units(self) -> list[str]:
+        """The privacy unit of each record: the differing records are one unit's, in both
+        worlds; every partner is its own unit."""
+        differ = set(self.positions)
+        return ["canary" if i in differ else f"p{i}" for i in range(self.length)]
 
     def dataset(self, with_canary: bool) -> tuple[np.ndarray, np.ndarray]:
         """The same records as ``(X, y)`` arrays, for offline algorithms."""
@@ -108,7 +131,13 @@ class CanaryDesign:
         part = "x=0, y=−1" if self.task == "auc" else "x=0, class a"
         return (
             f"neighbouring streams of n={self.length} records in d={self.dim}: {self.lead} × "
-            f"partner ({part}), then canary {kind}, then the partner again; "
+            f"partner ({part}), then canary {kind}"
+            + (
+                ""
+                if self.events == 1
+                else f" (× {self.events}, one unit's, {self.separation} steps apart)"
+            )
+            + ", the partner elsewhere; "
             f"α={self.alpha:.3g}, warmup=1 (learners with a warm-up), "
             f"R={self.data_radius}, D={self.model_radius} (built to meet the learner's certified "
             "sensitivity: docs/privacy.md, Empirical audit)"
@@ -122,6 +151,8 @@ def canary_design(
     data_radius: float = 1.0,
     model_radius: float = 1.0,
     lead: int = 1,
+    events: int = 1,
+    separation: int = 1,
 ) -> CanaryDesign:
     """Build the saturating canary design for ``task`` (see the module docstring).
 
@@ -145,8 +176,11 @@ def canary_design(
         raise ValueError(f"dim must be an int >= {1 if task == 'auc' else 2}, got {dim!r}")
     if int(lead) != lead or lead < 1:
         raise ValueError(f"lead must be an int >= 1, got {lead!r}")
-    if int(length) != length or length < lead + 1:
-        raise ValueError(f"the stream needs at least lead + 1 records, got length={length!r}")
+    if int(events) != events or events < 1 or int(separation) != separation or separation < 1:
+        raise ValueError(f"events and separation must be ints >= 1, got {events!r}, {separation!r}")
+    last = lead + (events - 1) * separation
+    if int(length) != length or length < last + 1:
+        raise ValueError(f"the stream needs at least {last + 1} records, got length={length!r}")
     R, D = float(data_radius), float(model_radius)
     e = np.eye(dim)
     if task == "auc":
@@ -164,5 +198,6 @@ def canary_design(
         canary, benign = (R * e[0], "b"), (R * e[1], "b")
         probe = (np.outer(e[0], e[0]) - np.outer(e[1], e[1])) / math.sqrt(2.0)
     return CanaryDesign(
-        task, int(dim), int(length), R, D, alpha, partner, canary, benign, probe, int(lead)
-    )
+        task, int(dim), int(length), R, D, alpha, partner, canary, benign, probe, int(lead),
+        int(events), int(separation),
+    )  # fmt: skip

@@ -49,6 +49,8 @@ ONLINE_LEARNERS: dict[str, str] = {
     "onpairstrc": "stream_dp.online:OnPairStrC",
     "onpairc": "stream_dp.online:OnPairC",
     "onpairmf": "stream_dp.online:OnPairMF",
+    # OnPairMF at the unit level: k = 2 events of one unit, b = window + 1 apart (docs/units.md)
+    "onpairmf-units": "stream_dp.online:OnPairMF",
 }
 ONLINE_ALGORITHMS = tuple(ONLINE_LEARNERS)
 
@@ -79,6 +81,13 @@ AUDIT_SETTINGS: dict[str, AuditSettings] = {
     "onpairmf": AuditSettings(
         design=dict(lead=16, length=33, model_radius=0.01),
         params=dict(step_size=1e-6),
+        trials=40_000,
+    ),
+    # The same design with the canary unit's two events b = 17 apart (window 16): the certified
+    # k-event Δ is exact there (b ≥ len(u) − 1), and attained but for the lead's rows.
+    "onpairmf-units": AuditSettings(
+        design=dict(lead=16, length=50, model_radius=0.01, events=2, separation=17),
+        params=dict(step_size=1e-6, unit_key="unit", max_events_per_unit=2, min_separation=17),
         trials=40_000,
     ),
 }
@@ -289,6 +298,16 @@ class _OnlineTarget(AuditTarget):
         params.update(learner_params)
         template = self._configure(cls, design, multiplier, params)
         self._streams = {w: design.stream(w) for w in (False, True)}
+        unit = params.get("unit_key")
+        if unit is not None:  # a unit-level learner reads each record's unit from x
+            names = [f"x{j}" for j in range(design.dim)]
+            self._streams = {
+                w: [
+                    ({**dict(zip(names, x.tolist(), strict=True)), unit: u}, y)
+                    for (x, y), u in zip(s, design.units(), strict=True)
+                ]
+                for w, s in self._streams.items()
+            }
         self.description += f"; {template.mechanism.describe()}"
 
     def _run(self, with_canary: bool, secret: int) -> tuple[np.ndarray, object]:
