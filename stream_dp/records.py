@@ -66,6 +66,9 @@ class FeatureSchema:
     #: Positions of the declared features the last converted record carried, when it lacked
     #: some and :attr:`track_presence` is set; None: it carried them all (or nobody asked).
     last_present: list[int] | None = None
+    #: A field that is no feature and is skipped without a check (a unit-level learner's unit
+    #: key, which a record may carry into a prediction).
+    ignored: Hashable | None = None
 
     def __init__(self, names: Sequence[Hashable] | int | None = None) -> None:
         self.names: tuple | None = None
@@ -155,9 +158,10 @@ class FeatureSchema:
         if fast is not None:
             return fast
         isfinite = math.isfinite
+        ignored = self.ignored
         for k, v in x.items():
-            if type(v) is not float or not isfinite(v):  # plain finite floats need no more
-                finite_float(v, f"feature {k!r}", bools=True)
+            if (type(v) is not float or not isfinite(v)) and k != ignored:
+                finite_float(v, f"feature {k!r}", bools=True)  # plain finite floats need no more
         if self.names is None:
             if not learning:
                 return np.zeros(0)
@@ -169,7 +173,7 @@ class FeatureSchema:
         for k, v in x.items():
             i = index.get(k)
             if i is None:  # not part of the model: ignored (and counted when learning)
-                unknown = True
+                unknown = unknown or k != ignored
                 continue
             out[i] = v
             if present is not None:

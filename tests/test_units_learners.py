@@ -244,6 +244,32 @@ def test_a_restored_checkpoint_continues_with_the_same_units(cls) -> None:
     resumed = _make(cls, True, k=2, b=3)
     resumed.load_state_dict(state)
     assert _run_one(resumed, X[150:], y[150:], keys[150:]) == full[150:]
+    assert resumed.predict_proba_one(_record(X[0], "zz")) == whole.predict_proba_one(_record(X[0]))
     assert resumed.units_dropped == whole.units_dropped
     with pytest.raises(ValueError, match="privacy unit"):
         _make(cls, False).load_state_dict(state)
+
+
+def test_the_bound_follows_the_secret_and_refuses_another_ones_table() -> None:
+    model = _make(OnPairMF, True, k=2, b=1)
+    state = model.state_dict()
+    state["secret"] = 12345  # the engine's derived secret, set before the first record
+    model.load_state_dict(state)
+    X, y, _ = _stream(5)
+    model.learn_one(_record(X[0], "a"), True)
+    state = model.state_dict()
+    again = _make(OnPairMF, True, k=2, b=1)
+    again.load_state_dict(state)
+    assert again.privacy_unit.bound.events_of("a") == 1
+    state["secret"] = 999  # its units would all look new: refused
+    with pytest.raises(ValueError, match="secret"):
+        _make(OnPairMF, True, k=2, b=1).load_state_dict(state)
+
+
+def test_predictions_ignore_the_unit_field() -> None:
+    model = _make(OnPairStrC, True, k=2, b=1)
+    X, y, keys = _stream(40)
+    _run_one(model, X, y, keys)
+    with_unit = model.predict_proba_one(_record(X[0], "zz"))
+    assert with_unit == model.predict_proba_one(_record(X[0]))
+    assert model.unknown_features == 0

@@ -89,6 +89,8 @@ class PairwiseLearner(base.Estimator):
         self._loss = self._loss_for(Regularized, get_loss(self.task, "logistic"))
         buffer = make_buffer(self._copy_buffer(), warn_above=self.max_buffer_warning)
         self._unit = self._make_unit(buffer, self._noise.secret)
+        if self._unit is not None:  # a prediction's record may carry its unit: no feature
+            self._input.schema.ignored = self._unit.key
         mechanism = self._mechanism(buffer)
         eta, divisor = self._fixed_step(mechanism)
         self._state = LearnerState(
@@ -508,6 +510,7 @@ class PairwiseLearner(base.Estimator):
         if self._unit is not None:
             self._unit = self._make_unit(s.buffer, self._noise.secret)
             self._unit.load_state_dict(state["unit"])
+            self._input.schema.ignored = self._unit.key
         s.t = int(state["t"])
         s.w = None
         self._fast = None
