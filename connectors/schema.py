@@ -724,8 +724,10 @@ class ReleaseMessage(BaseModel):
         return np.frombuffer(raw, dtype=WEIGHTS_DTYPE).astype(np.float64).reshape(self.shape)
 
     def to_json(self) -> bytes:
-        """Serialise to compact UTF-8 JSON (the bytes published on the release topic)."""
-        return self.model_dump_json().encode("utf-8")
+        """Serialise to compact UTF-8 JSON (the bytes published on the release topic); an
+        event-level release has no unit fields."""
+        unset = {f for f in _UNIT_FIELDS if getattr(self, f) is None}
+        return self.model_dump_json(exclude=unset or None).encode("utf-8")
 
     @classmethod
     def from_json(cls, data: bytes | str) -> ReleaseMessage:
@@ -743,6 +745,10 @@ def _number(value: object) -> str:
     if not math.isfinite(number):
         raise ValueError(f"{number} is not a finite number")
     return repr(number)
+
+
+#: A unit-level model's release fields (absent from an event-level model's releases).
+_UNIT_FIELDS = ("privacy_unit", "epsilon_event_spent")
 
 
 class ReleaseEncoder:

@@ -184,3 +184,15 @@ def test_the_message_key_as_unit_needs_kafka_and_a_unit_name(tmp_path):
     base = config(tmp_path).model_dump()
     with pytest.raises(ValueError, match="message_key"):
         EngineConfig.model_validate({**base, "units": {"source": "message_key"}})
+
+
+def test_the_size_bound_holds_for_unit_level_releases(tmp_path):
+    from stream_dp.engine.preflight import release_size
+
+    out = Collect()
+    cfg = config(tmp_path, task="metric", model_id="m" * 30)
+    run(cfg, records(60, seed=5), out)
+    bound, _ = release_size(cfg)
+    sizes = [len(v) for _, v in out.items]
+    assert sizes and max(sizes) <= bound < max(sizes) + 400
+    assert all(b'"privacy_unit"' in v for _, v in out.items)
