@@ -18,6 +18,7 @@ from stream_dp.audit import audit
 from stream_dp.audit.design import canary_design
 from stream_dp.audit.targets import _WeakenedNoise, audit_settings, online_target
 from stream_dp.online import OnPairMF
+from stream_dp.privacy.events import gaussian_rho
 from stream_dp.privacy.mechanisms import gaussian_sigma_zcdp
 from stream_dp.privacy.unit_sensitivity import placement_sensitivity, unit_sensitivity
 
@@ -45,7 +46,7 @@ def test_sigma_is_the_certified_unit_sensitivity_over_root_two_rho() -> None:
     model.learn_one({"x0": 0.1, "u": "a"}, True)
     (event,) = model.accountant.ledger
     assert event.sensitivity == mf.sensitivity and event.sigma == mf.sigma
-    assert event.rho <= rho * (1 + 1e-12)
+    assert gaussian_rho(event.sensitivity, event.sigma) <= rho * (1 + 1e-12)
     # k events cost more than one at the same σ: the event-level Δ is well below Δ_4.
     assert 2.0 * mf.event_sensitivity < mf.sensitivity < 4.0 * mf.event_sensitivity
 

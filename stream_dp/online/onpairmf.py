@@ -330,7 +330,7 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         mech = self._state.mechanism
         if not (self.mf.private and mech.charged):
             return 0.0, 0.0
-        return self.mf.event(1).rho, self.mf.event_rho
+        return self.mf.charged_rho, self.mf.event_rho
 
     def describe(self) -> str:
         """The mechanism, its cost and the rules' values — before any data."""
