@@ -173,7 +173,8 @@ def _stream_one(
     sink: Callable[[dict], None],
     progress,
 ) -> None:
-    """Stream every record through ``model``; fill ``res``; write each release to ``sink``."""
+    """Stream every record through ``model``; fill ``res``; write its releases to ``sink`` (those
+    ``res.write_every`` selects)."""
     private = not isinstance(model, PairwiseGIGA)
     X, y = data.X_stream, data.y_stream
     n = len(y)
@@ -186,14 +187,15 @@ def _stream_one(
         t = i + 1
         if private and model.release_step != last_release:
             last_release = model.release_step
-            sink(
-                {
-                    "dataset": res.dataset,
-                    "model": res.label,
-                    "epsilon_target": res.epsilon_target,
-                    **model.release_message(),
-                }
-            )
+            if last_release % res.write_every == 0 or t == n:  # see ModelResult.write_every
+                sink(
+                    {
+                        "dataset": res.dataset,
+                        "model": res.label,
+                        "epsilon_target": res.epsilon_target,
+                        **model.release_message(),
+                    }
+                )
         if t in marks:
             w = _served(model)
             res.curve_t.append(t)
