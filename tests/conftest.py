@@ -1,5 +1,6 @@
 """Shared fixtures for the core test suite: datasets, small synthetic streams, and the list of
-offline estimators every offline test runs."""
+offline estimators every offline test runs; and :func:`patience`, every wall-clock deadline of
+the suite."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ __all__ = [
     "PURE_OFFLINE",
     "SUPERVISED_OFFLINE",
     "kafka_client",
+    "patience",
     "pima",
     "pima_split",
     "quiet_exhaustion",
@@ -48,6 +50,29 @@ _DATA_DIRS = [
     _HERE / "data",
     Path(stream_dp.__file__).resolve().parent / "data",
 ]
+
+
+def patience(seconds: float) -> float:
+    """A wall-clock deadline of a test: ``seconds`` stretched for a busy or slow machine.
+
+    ``seconds`` is chosen where the deadline is set, at least 5 × the quiet duration of what it
+    bounds (measured on a 2-core VM at load ≤ 2; the comment beside it says so). It is
+    multiplied by the load per CPU when that is above 1 (the 1-minute load average: at load 8 on
+    2 cores every process gets about a quarter of a core, so it waits 4 × longer) and by
+    ``$STREAM_DP_TEST_PATIENCE`` (default 1) for a machine slower than that VM. A deadline only
+    bounds a hang, so a longer one costs a passing test nothing; what a test asserts about
+    results never depends on it. (Test modules import it: ``from conftest import patience``.)
+
+    Examples
+    --------
+    >>> patience(10) >= 10
+    True
+    """
+    try:
+        busy = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):  # no load average on this platform
+        busy = 1.0
+    return seconds * max(1.0, busy) * float(os.environ.get("STREAM_DP_TEST_PATIENCE") or 1)
 
 
 def _find(name: str) -> Path | None:
