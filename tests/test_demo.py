@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import patience
 
 from stream_dp import cli
 from stream_dp.apps.demo import choose_alpha, release_every_for
@@ -328,7 +329,7 @@ def test_ci_run_propagates_the_pytest_exit_code(tmp_path, rc):
     env["FAKE_PYTEST_RC"] = str(rc)
     proc = subprocess.run(
         ["bash", str(repo / ".ci" / "run")], env=env, capture_output=True, text=True,
-        stdin=subprocess.DEVNULL, timeout=60,
+        stdin=subprocess.DEVNULL, timeout=patience(60),  # a fake CI run: 0.03 s
     )  # fmt: skip
     assert proc.returncode == rc, proc.stderr
     calls = (tmp_path / "calls").read_text().splitlines()
