@@ -9,12 +9,13 @@ whether numba is there.
 Without numba, with ``STREAM_DP_NUMBA=0`` in the environment, or inside
 ``with use_numba(False):`` the learners take their plain NumPy reference path.
 
-The first use after an install or upgrade compiles the kernels (about 70 s of CPU, once: numba
-caches the machine code); a compilation that runs longer than :data:`NOTICE_AFTER_SECONDS` is
-announced on the ``stream_dp`` logger, so a first start does not look hung. The learners do not
-learn on the NumPy path meanwhile: its results equal the compiled path's to rounding (the tests
-hold them within 1e-12), not bit for bit, and a step replayed after a restart must publish the
-very release it published before.
+The first use after an install or upgrade compiles the kernels (about a minute of CPU for
+``learn_one``'s step and as much for ``learn_many``'s, once: numba caches the machine code;
+docs/performance.md, "First start"); a compilation that runs longer than
+:data:`NOTICE_AFTER_SECONDS` is announced on the ``stream_dp`` logger, so a first start does
+not look hung. The learners do not learn on the NumPy path meanwhile: its results equal the
+compiled path's to rounding (the tests hold them within 1e-12), not bit for bit, and a step
+replayed after a restart must publish the very release it published before.
 """
 
 from __future__ import annotations
@@ -50,9 +51,6 @@ log = logging.getLogger("stream_dp")
 
 #: A compilation of one of the package's kernels that has run this long is announced.
 NOTICE_AFTER_SECONDS = 2.0
-#: What the announcement says the first compilation of all kernels costs, in CPU seconds:
-#: measured on a 2-core x86-64 VM (docs/performance.md, "First start").
-FIRST_COMPILE_CPU_SECONDS = 70
 
 
 def jitable(fn: Callable) -> Callable:
@@ -170,10 +168,10 @@ def _notice_listener(base: type) -> object:
                 this.announced = True
                 log.warning(
                     "compiling %s with numba: the first start after an install or upgrade "
-                    "compiles the kernels, about %d s of CPU in all, once (then cached%s); "
-                    "STREAM_DP_NUMBA=0 runs the slower NumPy path without compiling",
+                    "compiles the kernels once, about a minute of CPU for learn_one's and as "
+                    "much for learn_many's (then cached%s); STREAM_DP_NUMBA=0 runs the slower "
+                    "NumPy path without compiling",
                     this.what,
-                    FIRST_COMPILE_CPU_SECONDS,
                     f" in {cache}" if cache else "",
                 )
 
