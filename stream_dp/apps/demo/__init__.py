@@ -9,10 +9,10 @@ private release and the privacy spent. The average regret of each learner — co
 records, for the trusted operator only — is shown only with --operator-metrics, marked raw.
 The learners are independent and run in --jobs worker processes (default: 2).
 
-Outputs (in --out DIR, about 10 MB): results.md (settings, table, honest verdicts),
+Outputs (in --out DIR, about 15 MB): results.md (settings, table, honest verdicts),
 releases.jsonl (release_message() lines tagged with dataset and model: every release of
 OnPairStrC and OnPairC, OnPairMF's every-step releases at their period and the last; all of them
-with --all-releases, ~250 MB), demo.png (AUC of the release against t, and with
+with --all-releases, ~235 MB), demo.png (AUC of the release against t, and with
 --operator-metrics the raw average penalty; needs matplotlib).
 """
 
@@ -95,8 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all-releases",
         action="store_true",
-        help="write every release into releases.jsonl, OnPairMF's one per step too (bank: about "
-        "250 MB; default: OnPairMF's at the other learners' release period and the last, ~10 MB)",
+        help="write every release into releases.jsonl, OnPairMF's one per step too (both datasets: "
+        "~235 MB; default: OnPairMF's at the other learners' release period and the last, ~15 MB)",
     )
     parser.add_argument(
         "--operator-metrics",

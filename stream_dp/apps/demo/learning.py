@@ -127,8 +127,9 @@ def drain(queue, progress: Progress) -> None:
 def learn_task(res: ModelResult, seed: int | None, max_records: int | None) -> tuple:
     """Stream one learner (in a worker or inline); returns the result and its release lines.
 
-    On the NumPy path: numba would compile its kernel in every worker process on a fresh
-    install (about 25 s of CPU each) to save about a second of learning.
+    On the NumPy path: on a fresh install numba would first compile its kernel in every worker
+    process (about 70 s of CPU each, docs/performance.md), about as much as the NumPy path
+    costs for all the demo's learners.
     """
     data, X_test = prepared_data(res.dataset, max_records)
     lines: list[str] = []

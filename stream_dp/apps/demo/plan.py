@@ -118,7 +118,7 @@ class ModelResult:
     n: int = 0
     #: releases.jsonl keeps the releases at steps t with t % write_every == 0, and the last one
     #: (1: every release). OnPairMF releases at every step for free; the demo writes those at
-    #: the other learners' period unless --all-releases (bank: 250 MB instead of 5 MB).
+    #: the other learners' period unless --all-releases (bank: 234 MB instead of 5 MB).
     write_every: int = 1
     steps: int = 0
     epsilon_spent: float | None = None
