@@ -879,7 +879,7 @@ class _FakeTransactionalProducer:
 
     def init_transactions(self) -> None:
         if self.index == 0:
-            self.release_first.wait(30)
+            self.release_first.wait(patience(30))  # the test releases it (at once)
 
     def begin_transaction(self) -> None:
         self.batch: list[tuple[str, bytes | None, bytes]] = []
@@ -948,7 +948,7 @@ def test_an_abandoned_attempt_that_finishes_late_does_not_break_the_next(
         # attempt's init_transactions returns, before the retry.
         fake.release_first.set()
         for worker in ours:
-            worker.join(10)
+            worker.join(patience(10))  # it returns once released (at once)
             assert not worker.is_alive()
 
     pub.publish([("releases", b"m", b"v1")], on_retry=late_finish)

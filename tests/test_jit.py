@@ -13,6 +13,7 @@ import time
 import types
 
 import pytest
+from conftest import patience
 
 from stream_dp import _jit
 
@@ -43,7 +44,7 @@ def test_a_long_compilation_of_a_package_kernel_is_announced_and_its_end_said(ca
             # Nested compilations (the kernels it calls) are part of the same announcement.
             event.start_event("numba:compile", data={"dispatcher": _dispatcher("stream_dp.x")})
             event.end_event("numba:compile", data=data)
-            deadline = time.monotonic() + 30  # 600 × the notice delay: a loaded machine
+            deadline = time.monotonic() + patience(30)  # 600 × the notice delay
             while not _messages(caplog) and time.monotonic() < deadline:
                 time.sleep(0.01)  # polling interval of a bounded wait
         finally:
