@@ -41,6 +41,9 @@ trap on_signal TERM INT
 
 stream-dp "$@" &
 child=$!
+if [ "$stopping" = 1 ]; then # a signal before $child was known
+    kill -TERM "$child" 2>/dev/null
+fi
 rc=0
 wait "$child" || rc=$?
 # A trapped signal interrupts `wait`: wait again for the engine's own exit code.
@@ -64,10 +67,15 @@ esac
 echo "stream-dp exited with code $rc ($why): a restart cannot fix it, so the container stays" \
     "idle instead of restarting. Fix the cause, then: docker compose restart stream-dp" >&2
 echo "$rc $why" >"$PARKED"
+# A signal between `sleep &` and `wait` is not seen by that wait, so each sleep is short: a
+# stop is noticed within PARK_POLL seconds at worst (docker stop waits 10 s).
+PARK_POLL=2
 while [ "$stopping" = 0 ]; do
-    sleep 3600 &
+    sleep "$PARK_POLL" &
     child=$!
-    wait "$child" 2>/dev/null
+    if [ "$stopping" = 0 ]; then
+        wait "$child" 2>/dev/null
+    fi
 done
 kill "$child" 2>/dev/null
 exit "$rc"
