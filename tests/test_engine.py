@@ -963,3 +963,47 @@ def test_the_engine_learner_warns_when_declared_features_never_arrive(tmp_path):
     with pytest.warns(UserWarning, match=r"declared feature\(s\) never arrived .*\('c'\)"):
         stats = Engine(config(tmp_path)).run()
     assert stats.learned == 150 and stats.records_with_unknown_features == 150
+
+
+def test_a_slow_learner_still_ends_a_cycle_about_every_every_seconds(tmp_path, monkeypatch):
+    """A poll batch never runs far past the cycle's ``every_seconds`` without a checkpoint.
+
+    A metric model of 240 features took 0.4-3.6 s a record, and one poll of 201 records ran
+    300 s with no checkpoint, status or release: a kill then lost all of it. The engine sizes
+    each poll to the learner's measured cost per record instead. Time here is a fake clock that
+    the learner advances by one second a record, so the test measures nothing on this machine.
+    """
+    import functools
+
+    from stream_dp.engine import commit, runner
+
+    now = [0.0]
+    monkeypatch.setattr(
+        runner, "CommitCycle", functools.partial(commit.CommitCycle, clock=lambda: now[0])
+    )
+    checkpoints: list[float] = []
+    write = commit.CommitCycle.checkpoint
+
+    def checkpoint(self, positions):
+        checkpoints.append(now[0])
+        return write(self, positions)
+
+    monkeypatch.setattr(commit.CommitCycle, "checkpoint", checkpoint)
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(60)) + b"\n")
+    cfg = with_checkpoint(config(tmp_path), every_records=5000, every_seconds=5.0)
+    engine = Engine(cfg)
+    learn = engine.learner.learn_one
+
+    def slow_learn(x, y):
+        now[0] += 1.0  # one second of learning per record, on the fake clock
+        learn(x, y)
+
+    engine.learner.learn_one = slow_learn
+    stats = engine.run()
+    assert stats.learned == 60
+    gaps = np.diff([0.0, *checkpoints])
+    # A cycle ends after the batch in which its time is up; a batch is sized to half the time
+    # left, so at most one record (one fake second) runs past every_seconds.
+    assert len(checkpoints) >= 60 / 6 and gaps.max() <= 5.0 + 1.0, gaps.tolist()
+    held = load_checkpoint(cfg.checkpoint.path)
+    assert held.learner_state["t"] == 60 and held.positions == {"line": 60}
