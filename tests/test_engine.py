@@ -826,6 +826,62 @@ def test_the_kafka_client_is_a_validated_choice(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "kafka.client" in err and "stream-dp[confluent]" in err
 
 
+def _model_toml(tmp: Path, model: str) -> Path:
+    path = tmp / "e.toml"
+    path.write_text(
+        f"[model]\n{model}\n"
+        '[source]\nkind = "jsonl"\npath = "in.jsonl"\n[releases]\nkind = "stdout"\n'
+        '[dead_letters]\nkind = "stdout"\n[checkpoint]\npath = "state/m.ckpt"\n'
+    )
+    return path
+
+
+_METRIC_600 = 'task = "metric"\nfeatures = [' + ", ".join(f'"f{i}"' for i in range(600)) + "]"
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        # A number written as a string is refused, not converted (so is a bool for an int).
+        ('epsilon = "4.0"', "model.epsilon: Input should be a valid number"),
+        ('buffer = true\nalgorithm = "OnPairMF"\nhorizon = 100', "model.buffer: Input should"),
+        # δ at most 1/n for a horizon of n records; without one, at most MAX_DELTA_UNBOUNDED.
+        ("delta = 0.5", "delta = 0.5 is above 1e-05"),
+        ("delta = 2e-4\nhorizon = 10000", "delta = 0.0002 is above 1/horizon = 0.0001"),
+        ('algorithm = "OnPairMF"\ndelta = 0.02\nhorizon = 100', "above 1/horizon = 0.01"),
+        # ε so large that σ vanishes: no finite ρ (this was a ZeroDivisionError, rc 1) ...
+        ("epsilon = 1e300", "epsilon = 1e+300 is too large: its zCDP budget"),
+        ('algorithm = "OnPairMF"\nepsilon = 1e300\nhorizon = 100', "epsilon = 1e+300 is too"),
+        # ... or a finite ρ whose noise is below the rounding of a model of norm D.
+        ('epsilon = 1e31\nconversion = "paper"', "would vanish in rounding"),
+        # A metric model whose step costs more than MAX_METRIC_WORK.
+        (_METRIC_600 + "\nbuffer = 256", "d = 600 features pairing each record with B = 256"),
+        ('task = "metric"\nbuffer = "all"', "grows without bound"),
+    ],
+)
+def test_config_values_the_engine_cannot_run_are_refused_in_one_line(tmp_path, capsys, model, says):
+    features = "" if "features" in model else '\nfeatures = ["a", "b"]'
+    alpha = "" if "OnPairMF" in model else "\nalpha = 1.0"
+    path = _model_toml(tmp_path, model + features + alpha)
+    capsys.readouterr()
+    assert cli_main(["run", "--config", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+    assert "Traceback" not in err and not (tmp_path / "state").exists()
+
+
+def test_what_the_bounds_admit_is_accepted(tmp_path):
+    """The refusals above are bounds, not blanket bans: δ = 1/n, a large but representable ε,
+    and a metric model of 400 features with the default buffer all load."""
+    for model in (
+        "delta = 1e-4\nhorizon = 10000",
+        "epsilon = 1e6",
+        'task = "metric"\nfeatures = [' + ", ".join(f'"f{i}"' for i in range(400)) + "]",
+    ):
+        features = "" if "features" in model else '\nfeatures = ["a", "b"]'
+        load_config(_model_toml(tmp_path, model + features + "\nalpha = 1.0"))
+
+
 @pytest.mark.parametrize("name", ["engine.example.toml", "engine.onpairmf.toml"])
 def test_the_deployed_example_configs_are_valid(name):
     path = Path(__file__).resolve().parents[1] / "deploy" / name
