@@ -474,7 +474,7 @@ NOISE_FLOOR = 2.0**-52
 
 
 def _check_epsilon(model: Any) -> None:
-    """ε must convert to a finite ρ (zCDP); past ~1e28 the conversion may find none (and σ,
+    """ε must convert to a finite ρ (zCDP); past ~1e29 the conversion may find none (and σ,
     which scales like 1/√ρ, would vanish anyway: :func:`_check_noise`)."""
     import math
 
