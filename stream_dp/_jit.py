@@ -8,15 +8,28 @@ whether numba is there.
 
 Without numba, with ``STREAM_DP_NUMBA=0`` in the environment, or inside
 ``with use_numba(False):`` the learners take their plain NumPy reference path.
+
+The first use after an install or upgrade compiles the kernels (about a minute of CPU for
+``learn_one``'s step and as much for ``learn_many``'s, once: numba caches the machine code;
+docs/performance.md, "First start"); a compilation that runs longer than
+:data:`NOTICE_AFTER_SECONDS` is announced on the ``stream_dp`` logger, so a first start does
+not look hung. The learners do not learn on the NumPy path meanwhile: its results equal the
+compiled path's to rounding (the tests hold them within 1e-12), not bit for bit, and a step
+replayed after a restart must publish the very release it published before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 __all__ = [
+    "NOTICE_AFTER_SECONDS",
     "NUMBA_INSTALLED",
     "compiled_body",
     "jitable",
@@ -33,6 +46,11 @@ except Exception:  # pragma: no cover - not installed, or unusable (e.g. an unsu
     numba = None
 
 NUMBA_INSTALLED: bool = numba is not None
+
+log = logging.getLogger("stream_dp")
+
+#: A compilation of one of the package's kernels that has run this long is announced.
+NOTICE_AFTER_SECONDS = 2.0
 
 
 def jitable(fn: Callable) -> Callable:
@@ -95,3 +113,90 @@ def use_numba(enabled: bool) -> Iterator[None]:
         yield
     finally:
         _ACTIVE[0] = previous
+
+
+@dataclasses.dataclass
+class _Compiling:
+    """One compilation being watched."""
+
+    what: str
+    started: float
+    announced: bool = False
+    timer: threading.Timer | None = None
+
+
+def _notice_listener(base: type) -> object:
+    """A numba ``numba:compile`` listener (``base``: numba's ``Listener``) that says so when a
+    kernel of this package compiles for longer than :data:`NOTICE_AFTER_SECONDS`, and when it
+    is done.
+
+    numba signals only real compilations (a kernel loaded from its on-disk cache is silent); the
+    events of the kernels it compiles on the way nest inside its own, on its thread. The notice
+    never fails a compilation.
+    """
+
+    class CompileNotice(base):
+        def __init__(self) -> None:
+            self._local = threading.local()
+
+        def on_start(self, event) -> None:
+            local = self._local
+            local.depth = getattr(local, "depth", 0) + 1
+            if local.depth == 1:
+                with contextlib.suppress(Exception):
+                    self._start(local, (event.data or {}).get("dispatcher"))
+
+        def on_end(self, event) -> None:
+            local = self._local
+            local.depth = max(getattr(local, "depth", 1) - 1, 0)
+            if local.depth == 0:
+                with contextlib.suppress(Exception):
+                    self._end(local)
+
+        @staticmethod
+        def _start(local, dispatcher) -> None:
+            local.compiling = None
+            fn = getattr(dispatcher, "py_func", None)
+            module = getattr(fn, "__module__", None) or ""
+            if not module.startswith("stream_dp"):
+                return
+            cache = getattr(getattr(dispatcher, "_cache", None), "_cache_path", None)
+            # Shared with the timer's thread (``local`` is this thread's alone).
+            this = _Compiling(f"{module}.{fn.__qualname__}", time.monotonic())
+
+            def announce() -> None:
+                this.announced = True
+                log.warning(
+                    "compiling %s with numba: the first start after an install or upgrade "
+                    "compiles the kernels once, about a minute of CPU for learn_one's and as "
+                    "much for learn_many's (then cached%s); STREAM_DP_NUMBA=0 runs the slower "
+                    "NumPy path without compiling",
+                    this.what,
+                    f" in {cache}" if cache else "",
+                )
+
+            this.timer = threading.Timer(NOTICE_AFTER_SECONDS, announce)
+            this.timer.daemon = True
+            this.timer.start()
+            local.compiling = this
+
+        @staticmethod
+        def _end(local) -> None:
+            this = getattr(local, "compiling", None)
+            if this is None:
+                return
+            local.compiling = None
+            this.timer.cancel()
+            if this.announced:
+                log.warning("compiled %s in %.0f s", this.what, time.monotonic() - this.started)
+
+    return CompileNotice()
+
+
+if NUMBA_INSTALLED:
+    try:
+        from numba.core import event as _event
+
+        _event.register("numba:compile", _notice_listener(_event.Listener))
+    except Exception:  # pragma: no cover - a numba without the event API: compiles silently
+        pass

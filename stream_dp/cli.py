@@ -82,6 +82,22 @@ def main(argv: list[str] | None = None) -> int:
     return int(args.func(args) or 0)
 
 
+#: The thread-pool sizes of the BLAS/LAPACK libraries NumPy and SciPy may load.
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _one_blas_thread() -> None:
+    """One BLAS thread for the engine, unless the environment chose otherwise.
+
+    The engine's matrices are small (a d × d metric model, its eigendecomposition) and it learns
+    one record at a time: a BLAS thread pool only spins against the other processes of the
+    machine. With it, a metric step at d = 240 cost 0.2-0.9 s of CPU at load 10 on 2 cores,
+    without it 0.013 s (docs/performance.md). It must be set before NumPy is first imported.
+    """
+    for name in _BLAS_THREADS:
+        os.environ.setdefault(name, "1")
+
+
 def console() -> None:  # pragma: no cover - ends the process
     """The ``stream-dp`` console script: :func:`main`, then the process ends at once.
 
@@ -90,6 +106,8 @@ def console() -> None:  # pragma: no cover - ends the process
     Kafka client -- seconds of CPU on a loaded machine, after Ctrl-C too -- is skipped. An
     exception or ``SystemExit`` (``--help``, a usage error) ends the process as usual.
     """
+    if _command(sys.argv[1:]) == "run":
+        _one_blas_thread()
     code = main()
     logging.shutdown()
     sys.stdout.flush()

@@ -1,5 +1,6 @@
 """Shared fixtures for the core test suite: datasets, small synthetic streams, and the list of
-offline estimators every offline test runs."""
+offline estimators every offline test runs; and :func:`patience`, every wall-clock deadline of
+the suite."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ __all__ = [
     "PURE_OFFLINE",
     "SUPERVISED_OFFLINE",
     "kafka_client",
+    "patience",
     "pima",
     "pima_split",
     "quiet_exhaustion",
@@ -48,6 +50,43 @@ _DATA_DIRS = [
     _HERE / "data",
     Path(stream_dp.__file__).resolve().parent / "data",
 ]
+
+
+def patience(seconds: float) -> float:
+    """A wall-clock deadline of a test: ``seconds`` stretched for a busy or slow machine.
+
+    ``seconds`` is chosen where the deadline is set, at least 5 × the duration of what it bounds
+    as measured on a 2-core VM (the comment beside it gives the figure and the load). It is
+    multiplied by the load per CPU when that is above 1 (the 1-minute load average: at load 8 on
+    2 cores every process gets about a quarter of a core, so it waits 4 × longer) and by
+    ``$STREAM_DP_TEST_PATIENCE`` (default 1) for a machine slower than that VM. A deadline
+    bounds a hang, so a longer one costs a passing test nothing (but an engine's
+    ``max_idle_seconds``, waited out at the end of its run); what a test asserts about results
+    never depends on it. (Test modules import it: ``from conftest import patience``.)
+
+    Examples
+    --------
+    >>> patience(10) >= 10
+    True
+    """
+    try:
+        busy = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):  # no load average on this platform
+        busy = 1.0
+    return seconds * max(1.0, busy) * float(os.environ.get("STREAM_DP_TEST_PATIENCE") or 1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test of tests/integration (each starts or needs a real Kafka broker) is marked
+    ``kafka``, so ``-m "not kafka"`` deselects exactly them."""
+    integration = _HERE / "integration"
+    unmarked = [
+        item.nodeid
+        for item in items
+        if integration in Path(item.path).parents and item.get_closest_marker("kafka") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"Kafka integration tests without the kafka marker: {unmarked}")
 
 
 def _find(name: str) -> Path | None:

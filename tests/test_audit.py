@@ -381,14 +381,17 @@ def onpairstrc_auc_audits():
     return _audits("onpairstrc")
 
 
+@pytest.mark.slow
 def test_onpairstrc_auc_audit_is_below_the_claim_with_power(onpairstrc_auc_audits):
     _check_honest(onpairstrc_auc_audits[1.0], min_power=0.99)
 
 
+@pytest.mark.slow
 def test_onpairstrc_auc_audit_catches_halved_noise(onpairstrc_auc_audits):
     _check_halved_noise_is_caught(onpairstrc_auc_audits[0.5])
 
 
+@pytest.mark.slow
 def test_onpairstrc_auc_epsilon_test_catches_quartered_noise(onpairstrc_auc_audits):
     # Noise ÷ 4: μ ≈ 0.99; with 5400 counted trials per world the (ε, δ) bound itself is
     # ≈ 1.6 (1.59 and 1.65 for seeds 1 and 2), above the claimed ε = 1.
@@ -396,6 +399,7 @@ def test_onpairstrc_auc_epsilon_test_catches_quartered_noise(onpairstrc_auc_audi
     assert broken.epsilon_violated and broken.epsilon_lower_bound > 1.2
 
 
+@pytest.mark.slow
 def test_onpairstrc_metric_audit():
     # The metric design (d = 5 by default) is less efficient than the AUC one (the PSD
     # projection drops part of the signal: μ ≈ 0.21 of 0.25), so its power at this size is
@@ -406,6 +410,7 @@ def test_onpairstrc_metric_audit():
     _check_halved_noise_is_caught(results[0.5])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["offpairstrc", "offpairc"])
 def test_offline_output_perturbation_audit(algorithm):
     assert algorithm in available_algorithms()
@@ -445,6 +450,7 @@ def test_cli_json(capsys):
     assert {"test", "design", "false_positives", "false_negatives", "violated"} <= set(out)
 
 
+@pytest.mark.slow
 def test_cli_reports_a_violation_with_exit_code_1(capsys):
     from stream_dp.cli import main
 

@@ -101,6 +101,7 @@ def test_membership_never_depends_on_record_values(spec: str) -> None:
         assert any(not np.array_equal(x, z) for x, z in zip(ids_a, ids_c, strict=True))
 
 
+@pytest.mark.slow
 def test_reservoir_slots_are_uniform_over_the_past() -> None:
     # RS-x: at time t every slot independently holds record i with probability 1/t. Over 3000
     # secrets × 4 independent slots we compare the counts with the uniform law by a chi-square

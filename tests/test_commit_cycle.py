@@ -114,10 +114,10 @@ def test_due_follows_the_policy_and_a_batch_never_crosses_a_cycle(state, tmp_pat
     clock = Clock()
     cycle = started(cycle_over(tmp_path, Sink(state), clock=clock))
     assert not cycle.due(idle=True), "nothing happened: nothing to end"
-    assert cycle.batch_limit() == 3
-    cycle.consumed(1)
+    assert cycle.batch_limit() == 1, "before the learner's cost is measured: one record"
+    cycle.consumed(1, seconds=0.001)
     assert not cycle.due(idle=False) and cycle.due(idle=True)
-    assert cycle.batch_limit() == 2
+    assert cycle.batch_limit() == 2, "every_records - 1: time allows 5,000"
     cycle.consumed(2)
     assert cycle.due(idle=False), "every_records"
     assert cycle.batch_limit() == 1, "at least one record, never a batch into the next cycle"
@@ -133,6 +133,12 @@ def test_due_follows_the_policy_and_a_batch_never_crosses_a_cycle(state, tmp_pat
     assert not cycle.due(idle=False)
     clock.now += 0.1
     assert cycle.due(idle=False), "every_seconds since the cycle began"
+    cycle.source.poll(max_records=1)
+    assert cycle.end() is True
+    cycle.consumed(1, seconds=4.0)  # a slow learner: 4 s a record
+    assert cycle.batch_limit() == 1, "half the 10 s left is 1.25 records (every_records: 2)"
+    cycle.consumed(1, seconds=0.5)  # faster again: the estimate halves, to 2 s a record
+    assert cycle.per_record == 2.0 and cycle.batch_limit() == 1, "every_records: 1 left"
 
 
 def test_a_crash_while_publishing_is_recovered_with_the_same_bytes(state, tmp_path):

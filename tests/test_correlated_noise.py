@@ -115,6 +115,7 @@ def _empirical_covariance_close(samples: np.ndarray, sigma: float, M: np.ndarray
     return trace_ok and np.linalg.norm(K_hat - K) / np.linalg.norm(K) < 0.30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factorization", FACTORIZATIONS, ids=lambda f: f.name)
 def test_calibration_covariance_over_400_secrets(factorization) -> None:
     n, size, sigma, secrets = 48, 4, 2.5, 400

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import patience
 
 from stream_dp import cli
 from stream_dp.apps.demo import choose_alpha, release_every_for
@@ -32,7 +33,11 @@ def _run(argv: list[str], capsys) -> str:
     return capsys.readouterr().out
 
 
-def _check_releases(path: Path, epsilons: tuple[float, ...], datasets: tuple[str, ...]) -> None:
+def _check_releases(
+    path: Path, epsilons: tuple[float, ...], datasets: tuple[str, ...], every: int | None = None
+) -> None:
+    """``every``: OnPairMF's releases written (None: those at multiples of the dataset's
+    release period, and the last; 1: all)."""
     per_model: dict[tuple[str, str], list[dict]] = defaultdict(list)
     with open(path, encoding="utf-8") as fh:
         for line in fh:
@@ -56,7 +61,10 @@ def _check_releases(path: Path, epsilons: tuple[float, ...], datasets: tuple[str
         # The horizon schedule spends the whole budget by the last step, never more.
         assert spent[-1] == pytest.approx(target, rel=1e-6)
         if model.startswith("OnPairMF"):  # one charge before step 1, every release free
-            assert spent[0] == spent[-1] and steps == list(range(1, len(steps) + 1))
+            assert spent[0] == spent[-1]
+            n = steps[-1]
+            k = release_every_for(n) if every is None else every
+            assert steps == sorted({*range(k, n + 1, k), n}), (model, steps[:5])
         else:
             assert spent[0] == 0.0  # the first release is a free warm-up one
         assert all(m["rho_spent"] <= m["rho_budget"] * (1 + 1e-9) for m in msgs)
@@ -138,13 +146,48 @@ def test_demo_without_matplotlib_skips_the_png(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     monkeypatch.setitem(sys.modules, "tqdm", None)  # and the fallback progress bar
     out = tmp_path / "noplot"
-    argv = ["demo", "--out", str(out), "--dataset", "pima", "--epsilons", "8", "--jobs", "1"]
+    argv = ["demo", "--out", str(out), "--dataset", "pima", "--epsilons", "8", "--jobs", "1",
+            "--all-releases"]  # fmt: skip
     assert cli.main(argv) == 0
+    _check_releases(out / "releases.jsonl", (8.0,), ("pima",), every=1)
     captured = capsys.readouterr()
     assert "demo.png skipped: matplotlib is not installed" in captured.err
     assert "[##" in captured.err and "100.0%" in captured.err  # the text progress bar
     assert not (out / "demo.png").exists()
     assert "skipped: matplotlib is not installed" in (out / "results.md").read_text("utf-8")
+
+
+@pytest.mark.parametrize("operator", [False, True], ids=["default", "operator-metrics"])
+def test_every_text_of_the_png_is_inside_the_image(operator):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stream_dp.apps.demo.plan import plan_models
+    from stream_dp.apps.demo.report import PNG_DPI, figure
+
+    results = [
+        *plan_models(35_169, "bank", (1.0, 4.0, 16.0), ("a", "b")),
+        *plan_models(537, "pima", (1.0, 4.0, 16.0), ("a", "b")),
+    ]
+    for r in results:
+        r.steps, r.curve_t = r.n, [1, r.n // 2, r.n]
+        r.curve_auc, r.curve_penalty = [0.5, 0.6, 0.7], [1.0, 0.8, 0.7]
+    fig = figure(results, ["bank", "pima"], operator)
+    fig.set_dpi(PNG_DPI)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        title = fig.get_suptitle()
+        assert "stream-dp demo" in title and "OnPairMF" in title
+        # Everything drawn (titles, labels, the ticks shown, the legend) lies inside the image.
+        drawn, image = fig.get_tightbbox(renderer), fig.bbox_inches
+        assert image.x0 <= drawn.x0 and drawn.x1 <= image.x1, (drawn, image)
+        assert image.y0 <= drawn.y0 and drawn.y1 <= image.y1, (drawn, image)
+    finally:
+        plt.close(fig)
 
 
 def test_demo_default_out_dir_private_by_default_and_reproducible_on_request(
@@ -286,7 +329,7 @@ def test_ci_run_propagates_the_pytest_exit_code(tmp_path, rc):
     env["FAKE_PYTEST_RC"] = str(rc)
     proc = subprocess.run(
         ["bash", str(repo / ".ci" / "run")], env=env, capture_output=True, text=True,
-        stdin=subprocess.DEVNULL, timeout=60,
+        stdin=subprocess.DEVNULL, timeout=patience(60),  # a fake CI run: 0.03 s
     )  # fmt: skip
     assert proc.returncode == rc, proc.stderr
     calls = (tmp_path / "calls").read_text().splitlines()

@@ -86,6 +86,7 @@ def test_random_masters_pass():
             assert master_weakness(digits) is None, digits
 
 
+@pytest.mark.slow
 def test_the_distinct_byte_formula_matches_simulation():
     """P(16 uniform bytes take at most k distinct values), exact, against 200,000 draws at k
     where it is large enough to measure; the limit is where it falls below 1e-9/3."""
@@ -101,6 +102,7 @@ def test_the_distinct_byte_formula_matches_simulation():
     assert k == 8
 
 
+@pytest.mark.slow
 def test_the_run_bound_holds_in_simulation():
     """A run of r constant-step digits in 32 random ones is at most (33 - r) * 16**-(r - 2)
     likely (union bound): checked where it is measurable (r = 5), and the limit is the shortest

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import patience
 
 from stream_dp.cli import main as cli_main
 from stream_dp.engine import ConfigError, Engine, EngineConfig, load_config
@@ -171,7 +172,7 @@ def test_the_engine_serves_its_status_reports_over_http(tmp_path) -> None:
 
     def scrape_after(snapshot) -> None:
         update(snapshot)
-        with urllib.request.urlopen(engine.metrics.url, timeout=TIMEOUT_S) as response:
+        with urllib.request.urlopen(engine.metrics.url, timeout=patience(TIMEOUT_S)) as response:
             scrapes.append(_samples(response.read().decode()))
 
     engine.metrics.update = scrape_after
@@ -226,7 +227,7 @@ def test_serving_and_scraping_changes_no_release_and_no_charge(tmp_path) -> None
 
             def scrape_after(snapshot, engine=engine, update=update) -> None:
                 update(snapshot)
-                with urllib.request.urlopen(engine.metrics.url, timeout=TIMEOUT_S) as r:
+                with urllib.request.urlopen(engine.metrics.url, timeout=patience(TIMEOUT_S)) as r:
                     r.read()
 
             engine.metrics.update = scrape_after

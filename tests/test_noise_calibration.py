@@ -271,6 +271,7 @@ def test_noise_plan_is_the_ledger_before_any_data(buffer: str) -> None:
 # --- the noise itself -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_release_noise_has_variance_sigma_squared_over_2000_seeds() -> None:
     # We measure the noise the learner actually added, release − w, which needs the final
     # projection to be inactive: a large model radius (D = 100) and a large ε keep

@@ -200,6 +200,7 @@ def test_release_is_projection_of_statistic_plus_recorded_draw(name, task, delta
     np.testing.assert_allclose(est.private_weights, C.project(stat + draw), atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name,delta",
     [(n, d) for n in OUTPUT for d in (1e-3, 0.0) if d or n in PURE],

@@ -84,6 +84,7 @@ OUTPUT_MAKERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name,task",
     [(n, t) for n in sorted(OUTPUT_MAKERS) for t in ("auc", "metric")
@@ -116,6 +117,7 @@ def test_offpair_paper_bound_with_minimal_warmup_and_strong_alpha(task):
             assert np.linalg.norm(w - _stat(est, X2, y2)[0]) <= sens * (1 + TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["auc", "metric"])
 @pytest.mark.parametrize("delta", [1e-3, 0.0])
 def test_dpegd_epoch_sensitivity(task, delta):

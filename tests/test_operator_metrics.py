@@ -78,6 +78,7 @@ def _calibration_error(cls: type, kind: str, secrets: int = 1500) -> float:
     return max(errors)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["blt", "tree"])
 def test_noise_has_the_factorizations_covariance_and_half_sigma_is_caught(kind: str) -> None:
     # The released running sums are S(t) + σΔ_j·(A·M·Z)_t: their noise covariance must be

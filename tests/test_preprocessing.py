@@ -170,6 +170,7 @@ def _variance_consistent(noise: np.ndarray, sigma: float) -> bool:
     return stats.chi2.ppf(5e-5, df) < z2 < stats.chi2.ppf(1 - 5e-5, df)
 
 
+@pytest.mark.slow
 def test_release_noise_has_the_charged_variance_and_a_half_sigma_variant_fails() -> None:
     noise, sigma = _noise_samples(200, weaken=False)
     assert _variance_consistent(noise, sigma)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import patience
 
 from stream_dp.engine.metrics_snapshot import DPOperatorMetrics, EngineSnapshot, LearnerSnapshot
 from stream_dp.engine.prometheus import (
@@ -31,7 +32,7 @@ parser = pytest.importorskip("prometheus_client.parser")
 __all__: list[str] = []
 
 #: Generous: a scrape of a local server takes milliseconds, even on a loaded machine.
-TIMEOUT_S = 10.0
+TIMEOUT_S = patience(10.0)
 
 DP = DPOperatorMetrics(
     average_penalty=0.6523, average_penalty_std=0.041, clip_rate=0.0312, clip_rate_std=0.0101,

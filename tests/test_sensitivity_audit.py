@@ -157,6 +157,7 @@ def _longest_staying_record(trace: Trace, after: int) -> int:
     return max(candidates, key=lambda r: stays[r]) - 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(SETUPS))
 def test_neighbouring_streams_never_exceed_the_calibrated_sensitivity(kind: str) -> None:
     setup = SETUPS[kind]

@@ -15,7 +15,8 @@
 #
 # Environment: JAVA (java binary), PYTHON (interpreter with kafka-python, used for the
 # readiness check), KAFKA_HEAP_OPTS (default "-Xms256m -Xmx512m"), KAFKA_JVM_OPTS (extra flags),
-# MVN (maven binary), STREAM_DP_KAFKA_DIR (default RUNDIR).
+# MVN (maven binary), STREAM_DP_KAFKA_DIR (default RUNDIR), KAFKA_START_TIMEOUT (seconds `start`
+# waits for readiness unless --timeout; default 90).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,7 +27,7 @@ DEFAULT_RUNDIR="${STREAM_DP_KAFKA_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/str
 PYTHON="${PYTHON:-python3}"
 MVN="${MVN:-mvn}"
 HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}"
-START_TIMEOUT=90
+START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
 STOP_TIMEOUT=30
 
 die() {

@@ -48,6 +48,11 @@ log = logging.getLogger("stream_dp.engine")
 #: Most records one poll may hand the engine (a batch never crosses a cycle's end).
 MAX_BATCH = 500
 
+#: The share of a cycle's remaining ``every_seconds`` one batch is sized to take, at the
+#: learner's measured cost per record: the other half absorbs records slower than the measure
+#: (a release step, a slower machine) before the cycle's time is up.
+BATCH_TIME_SHARE = 0.5
+
 
 @dataclass
 class Outbox:
@@ -165,6 +170,8 @@ class CommitCycle:
         self.portable = portable
         #: Input messages handed to the learner since the cycle began.
         self.since = 0
+        #: Seconds of learning per message, as measured (None before the first batch).
+        self.per_record: float | None = None
         self.began = clock()
         self.run_id: str | None = None
         self.run_created: float | None = None
@@ -273,14 +280,51 @@ class CommitCycle:
             )
 
     # -- cycles ----------------------------------------------------------------------------
-    def consumed(self, n: int) -> None:
-        """``n`` more input messages were handed to the learner in this cycle."""
+    def consumed(self, n: int, seconds: float | None = None) -> None:
+        """``n`` more input messages were handed to the learner in this cycle, which took
+        ``seconds`` to learn them (if measured)."""
         self.since += n
+        if n and seconds is not None:
+            cost = max(seconds, 0.0) / n
+            # Up at once (a slower learner must not overrun the cycle), down by half a batch at
+            # most (one fast batch after a slow one, say a kernel's first compilation, is not
+            # yet a trend).
+            old = self.per_record
+            self.per_record = cost if old is None or cost >= old else max(cost, old / 2)
 
     def batch_limit(self) -> int:
-        """How many messages the next poll may take: a batch never crosses a cycle's end,
-        because a source counts a polled batch as consumed."""
-        return max(1, min(MAX_BATCH, self.policy.every_records - self.since))
+        """How many messages the next poll may take.
+
+        A batch never crosses a cycle's end: a source counts a polled batch as consumed, so a
+        cycle can only end between batches. Hence the limit is also one of time: the batch is
+        sized to take :data:`BATCH_TIME_SHARE` of what is left of ``every_seconds`` at the
+        measured cost per record, so that a slow learner (a metric model of many features, a
+        busy machine) still checkpoints about every ``every_seconds`` instead of once per
+        :data:`MAX_BATCH` records. Before any measurement the batch is one record.
+
+        Examples
+        --------
+        >>> from connectors import IterableSource
+        >>> now = [0.0]
+        >>> cycle = CommitCycle(None, None, IterableSource([]), "m",
+        ...                     CyclePolicy(5000, 5.0, 1 << 20), dict, clock=lambda: now[0])
+        >>> cycle.batch_limit()
+        1
+        >>> cycle.consumed(1, seconds=1e-4)
+        >>> cycle.batch_limit()
+        500
+        >>> cycle.consumed(500, seconds=250.0)  # half a second per record
+        >>> now[0] = 1.0
+        >>> cycle.batch_limit()  # 4 s left: 2 s of learning
+        4
+        """
+        limit = min(MAX_BATCH, self.policy.every_records - self.since)
+        if self.per_record is None:
+            return 1
+        if self.per_record > 0:
+            left = self.policy.every_seconds - (self.clock() - self.began)
+            limit = min(limit, int(BATCH_TIME_SHARE * left / self.per_record))
+        return max(1, limit)
 
     def due(self, idle: bool) -> bool:
         """Whether the cycle should end now (``idle``: the input has nothing more for now)."""

@@ -86,7 +86,9 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a value of the wrong type is refused, never converted (``epsilon = "4.0"``,
+    # ``every_records = true``): what the file says is what the engine runs.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 Security = dict[str, str | int | float | bool]
@@ -404,7 +406,8 @@ def _describe(err: ValidationError) -> str:
         if loc[:1] == ["model"] and len(loc) > 1 and loc[1] in ENGINE_ALGORITHMS:
             del loc[1]  # the union's tag: the section already says which algorithm
         where = ".".join(str(p) for p in loc) or "(top level)"
-        parts.append(f"{where}: {e['msg']}")
+        message = e["msg"].removeprefix("Value error, ")  # a validator's own words
+        parts.append(f"{where}: {message}")
     return "; ".join(parts)
 
 
@@ -478,9 +481,86 @@ def check_model(config: EngineConfig, path: str | Path = "config") -> None:
     """
     import warnings
 
+    model = config.model
     try:
+        _check_epsilon(model)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the engine logs them when it builds the learner
-            config.model.build()
+            learner = model.build()
+        _check_noise(model, learner)
+        _check_metric_work(model, learner)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid config {path}: model: {' '.join(str(exc).split())}") from None
+
+
+#: A release whose noise is below this share of ``model_radius`` per coordinate is the exact
+#: model up to rounding (the unit roundoff of a double): the noise would vanish in the sum.
+NOISE_FLOOR = 2.0**-52
+
+
+def _check_epsilon(model: Any) -> None:
+    """ε must convert to a finite ρ (zCDP); past ~1e29 the conversion may find none (and σ,
+    which scales like 1/√ρ, would vanish anyway: :func:`_check_noise`)."""
+    import math
+
+    from stream_dp.privacy.conversions import rho_from_epsilon
+
+    if not 0 < model.delta < 1:
+        return  # the learner refuses it, naming the range
+    try:
+        rho = rho_from_epsilon(model.epsilon, model.delta, model.conversion)
+    except (ValueError, ArithmeticError):
+        rho = math.inf
+    if not math.isfinite(rho):
+        raise ValueError(
+            f"epsilon = {model.epsilon:g} is too large: its zCDP budget ρ is not a finite "
+            "number the ε → ρ conversion can compute, and the releases' noise would vanish "
+            "(a private model needs epsilon of a few units)"
+        )
+
+
+def _check_noise(model: Any, learner: Any) -> None:
+    """The first release's noise must not vanish in rounding against a model of norm D."""
+    if hasattr(learner, "mf"):  # OnPairMF: the correlated noise of step 1, times the step size
+        sigma = learner.step_size_ * learner.noise_plan([1])[1]["prefix_std"]
+    else:
+        first = learner.T1 + int(learner.release_every)
+        if learner.horizon is not None:
+            first = min(first, int(learner.horizon))
+        plan = learner.noise_plan([first])
+        if not plan:
+            return
+        sigma = plan[0]["sigma"]
+    floor = NOISE_FLOOR * float(model.model_radius)
+    if not sigma >= floor:
+        raise ValueError(
+            f"epsilon = {model.epsilon:g} is too large: the noise of the first release "
+            f"(σ = {sigma:.3g} per coordinate) would vanish in rounding against a model of norm "
+            f"model_radius = {model.model_radius:g} (below {floor:.3g}): the release would be the "
+            "exact, non-private model"
+        )
+
+
+def _check_metric_work(model: Any, learner: Any) -> None:
+    """A metric model's step must stay within :data:`MAX_METRIC_WORK` per record."""
+    from stream_dp.buffers import make_buffer
+    from stream_dp.engine.learners import MAX_METRIC_WORK, metric_work
+
+    if model.task != "metric":
+        return
+    d = len(model.features)
+    if hasattr(learner, "mf"):
+        pairs = int(learner.window)
+    else:
+        pairs = make_buffer(learner.buffer).capacity
+        if pairs is None:  # 'all': every record so far
+            pairs = int(learner.horizon) if learner.horizon is not None else None
+    if pairs is None or metric_work(d, pairs) > MAX_METRIC_WORK:
+        held = "every past record (buffer = 'all', no horizon)" if pairs is None else pairs
+        cost = "grows without bound" if pairs is None else f"= {metric_work(d, pairs):,}"
+        raise ValueError(
+            f"a metric model of d = {d} features pairing each record with B = {held} buffered "
+            f"ones: its work per record d²·(d + B) {cost}, above the "
+            f"engine's bound {MAX_METRIC_WORK:,} (about 0.1-0.25 s of CPU a record; "
+            "docs/performance.md): declare fewer features or a smaller buffer"
+        )

@@ -10,6 +10,8 @@ engine itself requires of a model it publishes:
 - a declared schema (``features``, a list of unique, non-empty names);
 - a model id usable as a Kafka key, a transactional id and a file name;
 - a fixed ``seed`` only with ``reproducible = true``;
+- ``delta`` at most 1/n for a horizon of n records, :data:`MAX_DELTA_UNBOUNDED` without one;
+- values of their declared types only: ``epsilon = "4.0"`` is refused, not converted;
 - bounded memory: where a learner's default buffer keeps every record (``"all"``, the papers'
   setting), the engine's default is 256 records.
 
@@ -33,6 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 __all__ = [
     "DEFAULT_ALGORITHM",
     "ENGINE_ALGORITHMS",
+    "MAX_DELTA_UNBOUNDED",
+    "MAX_METRIC_WORK",
     "LearnerSection",
     "learner_class",
     "model_section",
@@ -43,6 +47,12 @@ ENGINE_ALGORITHMS = ("OnPairStrC", "OnPairC", "OnPairMF")
 
 DEFAULT_ALGORITHM = "OnPairStrC"
 """The learner of a ``[model]`` section that names none."""
+
+MAX_DELTA_UNBOUNDED = 1e-5
+"""The largest δ the engine accepts for a stream without a ``horizon``: δ is the probability
+that the guarantee fails outright and must stay below 1/n for n records (``docs/privacy.md``,
+"ε and δ"); with n unknown, a stream is taken to be at least 10⁵ records long. With a horizon
+n the bound is 1/n."""
 
 _NOT_CONFIGURABLE = frozenset({"keep_history"})
 _PLAIN = (str, int, float, bool, type(None))
@@ -57,10 +67,31 @@ def learner_class(algorithm: str) -> type:
     return getattr(online, algorithm)
 
 
+MAX_METRIC_WORK = 2**27
+"""The most work per record the engine accepts of a metric model, in units of ``d²·(d + B)``
+for d features and a buffer (OnPairMF: window) of B records: one d × d eigendecomposition for
+the projection onto the PSD cone (~d³) and the gradient of B pairs (~B·d²). At the bound
+(d = 240 with B = 2,090, d = 400 with B = 439, d = 511 with B = 1) a record costs about 0.1 s
+(OnPairStrC) to 0.25 s (OnPairMF) of CPU with one BLAS thread on a 2-core VM
+(``docs/performance.md``, "Metric models in the engine")."""
+
+
+def metric_work(d: int, buffer: int) -> int:
+    """The work per record of a metric model, as :data:`MAX_METRIC_WORK` counts it.
+
+    Examples
+    --------
+    >>> metric_work(240, 256) <= MAX_METRIC_WORK < metric_work(512, 256)
+    True
+    """
+    return d * d * (d + buffer)
+
+
 class LearnerSection(BaseModel):
     """What every ``[model]`` section shares: the engine's own requirements of a model."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a value of the wrong type is refused, never converted (``epsilon = "4.0"``).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     @field_validator("features", check_fields=False)
     @classmethod
@@ -80,6 +111,25 @@ class LearnerSection(BaseModel):
             except UnicodeEncodeError:
                 raise ValueError(f"feature name {name!r} is not valid Unicode text") from None
         return value
+
+    @model_validator(mode="after")
+    def _delta_below_one_over_n(self) -> LearnerSection:
+        delta, horizon = getattr(self, "delta", None), getattr(self, "horizon", None)
+        if delta is None or not delta > 0:
+            return self  # the learner refuses it, naming the range
+        if horizon is not None and horizon >= 1:
+            if delta > 1.0 / horizon:
+                raise ValueError(
+                    f"delta = {delta:g} is above 1/horizon = {1.0 / horizon:.3g}: the guarantee "
+                    f"could fail outright for one of the {horizon} records; take delta << 1/n"
+                )
+        elif delta > MAX_DELTA_UNBOUNDED:
+            raise ValueError(
+                f"delta = {delta:g} is above {MAX_DELTA_UNBOUNDED:g}, the engine's bound for a "
+                "stream without a horizon (taken to be at least 1e5 records): take delta << 1/n, "
+                "or set horizon = n"
+            )
+        return self
 
     @model_validator(mode="after")
     def _seed_needs_reproducible(self) -> LearnerSection:

@@ -360,9 +360,10 @@ class Engine:
         ``idle``: the input has nothing more for now, so the cycle ends (its releases become
         visible) even before ``checkpoint.every_records`` or ``every_seconds``.
         """
+        began = self.cycle.clock()
         for msg in batch:
             self._handle(msg)
-        self.cycle.consumed(len(batch))
+        self.cycle.consumed(len(batch), self.cycle.clock() - began)
         if batch:
             self._idle_since = None
         elif self._idle_since is None:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from connectors._retry import Backoff
+from stream_dp.engine.commit import MAX_BATCH
 from stream_dp.engine.config import EngineConfig
 from stream_dp.engine.errors import StateError
 from stream_dp.engine.master_secret import check_master_secret, partition_secret
@@ -503,7 +504,8 @@ class ScaleOut:
         idle_limit = self.config.source.max_idle_seconds
         last_record = time.monotonic()
         while not self.stopping.requested:
-            want = 500
+            # One poll feeds every partition learner: none may take a batch past its cycle.
+            want = min([MAX_BATCH, *(e.cycle.batch_limit() for e in self.engines.values())])
             if self.max_records is not None:
                 want = min(want, self.max_records - self.records)
                 if want <= 0:

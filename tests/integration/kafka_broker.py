@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import patience
+
 __all__ = ["KAFKA_SH", "BrokerError", "KafkaBroker"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +35,9 @@ class KafkaBroker:
     rundir : pathlib.Path
         Run directory passed to ``kafka.sh --dir``. Restarting reuses its ports and data.
     start_timeout : float, default 180.0
-        Bound on one ``kafka.sh start`` (which has its own 90 s readiness timeout; the rest
-        covers a first-time jar download).
+        Bound on one ``kafka.sh start``, stretched by :func:`patience`: its readiness wait
+        (half of it; the broker served requests 10-16 s after its start at load 4-7) and a
+        first-time jar download.
     """
 
     def __init__(self, rundir: Path, *, start_timeout: float = 180.0) -> None:
@@ -80,7 +83,8 @@ class KafkaBroker:
         ------
         BrokerError
         """
-        proc = self._run("start", timeout=self.start_timeout)
+        limit = patience(self.start_timeout)
+        proc = self._run("start", "--timeout", str(round(limit / 2)), timeout=limit)
         if proc.returncode != 0:
             raise BrokerError(
                 f"kafka.sh start failed (exit {proc.returncode}):\n{proc.stderr.strip()}"
@@ -89,10 +93,10 @@ class KafkaBroker:
 
     def stop(self) -> None:
         """Stop the broker (SIGTERM, then SIGKILL after 30 s). No-op if it is not running."""
-        proc = self._run("stop", timeout=60)
+        proc = self._run("stop", timeout=patience(60))
         if proc.returncode != 0:
             raise BrokerError(f"kafka.sh stop failed (exit {proc.returncode}):\n{proc.stderr}")
 
     def is_running(self) -> bool:
         """Whether the broker process of this run directory is alive."""
-        return self._run("status", timeout=30).returncode == 0
+        return self._run("status", timeout=patience(30)).returncode == 0

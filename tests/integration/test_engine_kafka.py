@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import patience
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from connectors import KafkaSink, ReleaseMessage
@@ -38,6 +39,15 @@ from stream_dp.privacy import accountant_from_dict
 from .kafka_broker import KafkaBroker
 
 pytestmark = pytest.mark.kafka
+
+# Wall-clock bounds (seconds, stretched by patience()), each >= 5 × the longest duration of what
+# it bounds, measured on a 2-core VM at load 3.5-7 (more than its quiet duration):
+ENGINE_EXITS = 30  # an engine process is reaped after SIGKILL (0.2 s) or stops on SIGTERM (5 s)
+ENGINE_CATCHES_UP = 120  # an engine starts and reaches a step ≤ 2,000 records on (17 s)
+ENGINE_FINISHES = 300  # an engine learns ≤ 18,000 records and ends on idleness (34 s)
+# source.max_idle_seconds of a run that ends when its input is exhausted: the longest wait for
+# a record while records remain is the first fetch (0.8 s).
+IDLE_END = 5.0
 
 FEATURES = ["a", "b", "c", "d"]
 
@@ -64,21 +74,38 @@ def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
         sink.flush()
 
 
-def read_all(
-    bootstrap: str, topic: str, idle_ms: int = 4000, committed: bool = False
-) -> list[bytes]:
-    """Every message of ``topic``; with ``committed=False`` also those of aborted transactions."""
+def read_all(bootstrap: str, topic: str, committed: bool = False) -> list[bytes]:
+    """Every message of ``topic``, read to the end offsets it has now (read_committed: its last
+    stable offsets); with ``committed=False`` also those of aborted transactions.
+
+    Reading to the end offsets, not until the consumer has seen nothing for a while, keeps a
+    slow fetch on a busy machine from ending the read early. The deadline bounds a hang only
+    (the largest topic here, 20,000 releases, is read twice by a test that took 30 s in all at
+    load 4, the engine's run included).
+    """
     consumer = KafkaConsumer(
-        topic,
         bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
         enable_auto_commit=False,
-        consumer_timeout_ms=idle_ms,
         isolation_level="read_committed" if committed else "read_uncommitted",
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
+    deadline = time.monotonic() + patience(120)
     try:
-        return [m.value for m in consumer]
+        parts = consumer.partitions_for_topic(topic)
+        while not parts:
+            assert time.monotonic() < deadline, f"topic {topic} has no partitions"
+            time.sleep(0.1)  # polling interval of a bounded wait (metadata)
+            parts = consumer.partitions_for_topic(topic)
+        tps = [TopicPartition(topic, k) for k in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        values: list[bytes] = []
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"{topic}: not read to {end} in time"
+            for records in consumer.poll(timeout_ms=500).values():
+                values += [r.value for r in records]
+        return values
     finally:
         consumer.close()
 
@@ -107,7 +134,7 @@ def engine_config(
             "topic": names["input"],
             "bootstrap_servers": bootstrap,
             "group_id": names["group"],
-            "max_idle_seconds": 6.0,
+            "max_idle_seconds": patience(IDLE_END),
         },
         "releases": {"kind": "kafka", "topic": names["releases"], "bootstrap_servers": bootstrap},
         "dead_letters": {"kind": "kafka", "topic": names["dead"], "bootstrap_servers": bootstrap},
@@ -238,8 +265,9 @@ def _status(path: Path) -> dict:
 def _wait_for(
     status: Path, ok: Callable[[dict], bool], proc: subprocess.Popen, timeout: float
 ) -> dict:
-    """Poll the engine's status file until ``ok(status)`` (bounded)."""
-    deadline = time.monotonic() + timeout
+    """Poll the engine's status file until ``ok(status)``, for at most ``patience(timeout)``."""
+    limit = patience(timeout)
+    deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"engine exited early with {proc.returncode}")
@@ -247,7 +275,7 @@ def _wait_for(
         if s and ok(s):
             return s
         time.sleep(0.05)  # polling interval of a bounded wait, not a timing assumption
-    raise AssertionError(f"engine status did not reach the condition within {timeout}s")
+    raise AssertionError(f"engine status did not reach the condition within {limit:.0f} s")
 
 
 def _wait_for_step(status: Path, above: int, proc: subprocess.Popen, timeout: float) -> int:
@@ -313,12 +341,12 @@ def test_sigkill_three_times_loses_nothing(
         proc = _start_engine(config_path, log)
         # Kill somewhere in the next stretch of records, at a random point.
         target = progress + int(rng.integers(300, 1800))
-        progress = _wait_for_step(status, min(target, n - 500), proc, timeout=120)
+        progress = _wait_for_step(status, min(target, n - 500), proc, ENGINE_CATCHES_UP)
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=patience(ENGINE_EXITS))
         assert proc.returncode == -signal.SIGKILL, f"kill {kill} did not hit a running engine"
     proc = _start_engine(config_path, log)
-    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert proc.wait(timeout=patience(ENGINE_FINISHES)) == 0, log.read_text()[-3000:]
 
     ckpt, ledger = _ledger(cfg, journal)
     assert ckpt.learner_state["t"] == n, "learning steps must equal valid records"
@@ -349,31 +377,37 @@ def test_three_partitions_live_input_sigkill_five_times(
 ):
     """The scenario that published 5,557 steps twice with different weights.
 
-    Live input at ~150 records/s on a 3-partition topic; the engine is SIGKILLed five times
-    shortly after it has caught up, and restarted. Every copy of every step on the release
-    topic -- aborted transactions included -- is byte-identical, a read_committed consumer
-    sees each step exactly once, and the ledger equals an uninterrupted run's.
+    Live input at ~150 records/s on a 3-partition topic, for as long as the kills take; the
+    engine is SIGKILLed five times shortly after it has caught up, and restarted. Every copy of
+    every step on the release topic -- aborted transactions included -- is byte-identical, a
+    read_committed consumer sees each step exactly once, and the ledger equals an uninterrupted
+    run's.
     """
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
     create_topic(bootstrap, names["input"], partitions=3)
-    n, rate = 6000, 150.0
+    rate = 150.0
     stop_producing = threading.Event()
+    produced: list[int] = [0]
 
     def live() -> None:
+        # Until the fifth kill, however long the kills take (a fixed amount of input would end
+        # before them on a busy machine: the restarts would find the engine idle, its
+        # checkpoint current, and kill nothing in flight).
         with KafkaSink(names["input"], bootstrap) as sink:
             start = time.monotonic()
-            for i in range(n):
+            for i in range(100_000):
                 # Keyed by a user id: the three partitions interleave as in production.
                 sink.send(f"user{i % 97}", json.dumps(valid_record(i)).encode())
+                produced[0] = i + 1
                 ahead = start + (i + 1) / rate - time.monotonic()
-                if ahead > 0 and stop_producing.wait(ahead):
-                    return
+                if stop_producing.wait(max(ahead, 0)):
+                    break
             sink.flush()
 
     producer = threading.Thread(target=live, daemon=True)
     cfg = engine_config(tmp_path, bootstrap, names, kafka_client, seed=None)
-    cfg["source"]["max_idle_seconds"] = 8.0
+    cfg["source"]["max_idle_seconds"] = patience(IDLE_END)
     cfg["checkpoint"].update(every_records=400, every_seconds=3.0)
     config_path = tmp_path / "engine.toml"
     _write_toml(config_path, cfg)
@@ -390,21 +424,22 @@ def test_three_partitions_live_input_sigkill_five_times(
                 status,
                 lambda s, step=step: s.get("consumer_lag") == 0 and s.get("step", 0) > step + 50,
                 proc,
-                timeout=120,
+                ENGINE_CATCHES_UP,
             )
             step = s["step"]
             time.sleep(float(rng.uniform(0.2, 1.5)))  # "shortly after": a random moment
             killed_at.append(_status(status)["step"])  # learned by then (at least)
             os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+            proc.wait(timeout=patience(ENGINE_EXITS))
             assert proc.returncode == -signal.SIGKILL
             kills += 1
-        producer.join(timeout=120)
-        assert not producer.is_alive()
     finally:
         stop_producing.set()
+        producer.join(timeout=patience(60))  # it flushes its last records
+    assert not producer.is_alive()
+    n = produced[0]
     proc = _start_engine(config_path, log)
-    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert proc.wait(timeout=patience(ENGINE_FINISHES)) == 0, log.read_text()[-3000:]
     assert kills == 5
 
     ckpt, ledger = _ledger(cfg)
@@ -434,7 +469,7 @@ def test_three_partitions_live_input_sigkill_five_times(
     ref_names = {**names, "group": unique_name("group"), "model": names["model"] + "-ref",
                  "releases": unique_name("releases"), "dead": unique_name("dead")}  # fmt: skip
     ref_cfg = engine_config(tmp_path / "ref", bootstrap, ref_names, kafka_client, seed=None)
-    ref_cfg["source"]["max_idle_seconds"] = 3.0
+    ref_cfg["source"]["max_idle_seconds"] = patience(IDLE_END)
     reference = Engine(EngineConfig.model_validate(ref_cfg))
     reference.run()
     assert reference.learner.step == n
@@ -518,7 +553,8 @@ def test_broker_restart_mid_run(kafka_broker: KafkaBroker, unique_name, tmp_path
     n = 6000
     names = with_input(bootstrap, unique_name, n)
     cfg_dict = engine_config(tmp_path, bootstrap, names, kafka_client)
-    cfg_dict["source"]["max_idle_seconds"] = 60.0  # long enough to outlast the outage
+    # Longer than the outage (the broker is stopped and started again: ≤ 18 s at load 4-7).
+    cfg_dict["source"]["max_idle_seconds"] = patience(100.0)
     cfg = EngineConfig.model_validate(cfg_dict)
     engine = Engine(cfg)
     done: dict = {}
@@ -531,7 +567,7 @@ def test_broker_restart_mid_run(kafka_broker: KafkaBroker, unique_name, tmp_path
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + patience(ENGINE_CATCHES_UP)
     while engine.learner.step < 1500 and time.monotonic() < deadline:
         time.sleep(0.02)  # polling interval of a bounded wait
     assert engine.learner.step >= 1500
@@ -539,11 +575,11 @@ def test_broker_restart_mid_run(kafka_broker: KafkaBroker, unique_name, tmp_path
     step_during = engine.learner.step
     kafka_broker.start()
     # After the restart the engine must catch up with the rest of the topic.
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + patience(ENGINE_FINISHES)
     while engine.learner.step < n and time.monotonic() < deadline and worker.is_alive():
-        time.sleep(0.05)
+        time.sleep(0.05)  # polling interval of a bounded wait
     engine.stop()
-    worker.join(timeout=120)
+    worker.join(timeout=patience(ENGINE_EXITS))
     assert "error" not in done, repr(done.get("error"))
     assert step_during < n, "the outage must happen mid-run"
     assert engine.learner.step == n, "nothing may be lost across a broker restart"
@@ -625,20 +661,22 @@ def test_outage_longer_than_every_timeout_is_ridden_out_or_ends_at_the_deadline(
         threads[kind] = threading.Thread(target=work, daemon=True)
         threads[kind].start()
     for kind in engines:
-        assert pauses[kind].paused.wait(120), f"{kind}: engine did not reach the pause"
+        assert pauses[kind].paused.wait(patience(ENGINE_CATCHES_UP)), f"{kind}: no pause"
         assert len(engines[kind].outbox) > 0, "a cycle is waiting to be published"
     kafka_broker.stop()
     down = time.monotonic()
     try:
         for kind in engines:
             pauses[kind].go.set()
-        threads["deadline"].join(timeout=40)
+        # The deadline, then at most one publication attempt (8 s) and the clean stop: the
+        # bound the test asserts (stopped 26 s after the broker went down at load 6).
+        threads["deadline"].join(timeout=12 + patience(28))
         stopped_after = time.monotonic() - down
         assert not threads["deadline"].is_alive(), "the deadline must stop the engine"
         err = results["deadline"]
         assert isinstance(err, KafkaUnavailable) and err.exit_code == 4, repr(err)
         assert "outage_deadline_seconds = 12" in str(err) and "stopped cleanly" in str(err)
-        assert 12 <= stopped_after < 35
+        assert 12 <= stopped_after < 12 + patience(23)
         status = _status(tmp_path / "ride" / "status.json")
         assert status.get("broker_unreachable_since") is not None
         while time.monotonic() - down < 45:
@@ -648,15 +686,15 @@ def test_outage_longer_than_every_timeout_is_ridden_out_or_ends_at_the_deadline(
         kafka_broker.start()
     # The rider resumes by itself; stop it once it has learned everything.
     ride = engines["ride"]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + patience(ENGINE_CATCHES_UP)
     while ride.learner.step < n and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.1)  # polling interval of a bounded wait
     ride.stop()
-    threads["ride"].join(timeout=60)
+    threads["ride"].join(timeout=patience(ENGINE_EXITS))
     assert not isinstance(results["ride"], BaseException), repr(results["ride"])
     # The stopped one continues where its checkpoint is, publishing what waited.
     names, d = dicts["deadline"]
-    d["source"]["max_idle_seconds"] = 4.0
+    d["source"]["max_idle_seconds"] = patience(IDLE_END)
     d["kafka"]["outage_deadline_seconds"] = None
     again = Engine(EngineConfig.model_validate(d))
     again.run()
@@ -687,7 +725,7 @@ def test_a_kill_inside_a_transaction_leaves_only_identical_copies(
     names = with_input(bootstrap, unique_name, n)
     d = engine_config(tmp_path, bootstrap, names, kafka_client)
     d["checkpoint"]["every_records"] = 300
-    d["source"]["max_idle_seconds"] = 3.0
+    d["source"]["max_idle_seconds"] = patience(IDLE_END)
     cfg = EngineConfig.model_validate(d)
     engine = Engine(cfg)
     opened = engine._open
@@ -729,12 +767,13 @@ def test_a_kill_inside_a_transaction_leaves_only_identical_copies(
 
 
 def _cli(config_path: Path, *extra: str, timeout: float = 90) -> tuple[int, str, float]:
+    """``stream-dp run`` to its end, for at most ``patience(timeout)``: rc, stderr, seconds."""
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "stream_dp.cli", "run", "--config", str(config_path), *extra],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=patience(timeout),
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     return proc.returncode, proc.stderr, time.monotonic() - start
@@ -761,7 +800,7 @@ def test_a_second_instance_never_learns_beside_the_first(
     proc = _start_engine(first, tmp_path / "a.log")
     try:
         status = tmp_path / "a" / "status.json"
-        _wait_for(status, lambda s: s.get("step") == n, proc, timeout=120)
+        _wait_for(status, lambda s: s.get("step") == n, proc, ENGINE_CATCHES_UP)
         # Caught up and idle: status.json keeps being refreshed, saying since when.
         idle = _wait_for(
             status, lambda s: s.get("idle_since") and s.get("consumer_lag") == 0, proc, 60
@@ -771,7 +810,7 @@ def test_a_second_instance_never_learns_beside_the_first(
         # Same state directory: refused at once by its lock.
         rc, err, took = _cli(first)
         assert rc == 3 and "in use by another stream-dp engine" in _last_line(err), err
-        assert took < 30
+        assert took < patience(30)  # no wait for Kafka or a lock (8 s at load 5.6: the start)
         # Its own state directory, same model: refused by the evidence in Kafka.
         (tmp_path / "b").mkdir()
         other = tmp_path / "b" / "engine.toml"
@@ -787,7 +826,7 @@ def test_a_second_instance_never_learns_beside_the_first(
         _wait_for(status, lambda s: s.get("step") == n + 1, proc, timeout=60)
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=patience(ENGINE_EXITS)) == 0
     committed = parse_releases(read_all(bootstrap, names["releases"], committed=True))
     assert [r.step for r in committed] == list(range(1, n + 2))
     assert len({r.run_id for r in committed}) == 1
@@ -799,7 +838,7 @@ def test_a_second_instance_never_learns_beside_the_first(
     for who in ("c", "d"):
         (tmp_path / who).mkdir()
         c = engine_config(tmp_path / who, bootstrap, names2, kafka_client, seed=None)
-        c["source"]["max_idle_seconds"] = 5.0
+        c["source"]["max_idle_seconds"] = patience(IDLE_END)
         c["status"]["file"] = str(tmp_path / who / "status.json")
         _write_toml(tmp_path / who / "engine.toml", c)
     for who in ("c", "d"):
@@ -818,7 +857,7 @@ def test_a_second_instance_never_learns_beside_the_first(
                 text=True,
             )  # fmt: skip
         )
-    outs = [p.communicate(timeout=180) for p in procs]
+    outs = [p.communicate(timeout=patience(ENGINE_FINISHES)) for p in procs]
     codes = sorted(p.returncode for p in procs)
     print(f"\ntwo new instances started together: exit codes {[p.returncode for p in procs]}")
     assert codes[0] == 0 and codes[1] in (3, 5), (codes, [o[1][-2000:] for o in outs])
@@ -839,7 +878,7 @@ def test_a_lost_state_directory_is_refused_and_a_kill_at_start_is_harmless(
     n = 1000
     names = with_input(bootstrap, unique_name, n)
     cfg = engine_config(tmp_path, bootstrap, names, kafka_client, seed=None)
-    cfg["source"]["max_idle_seconds"] = 3.0
+    cfg["source"]["max_idle_seconds"] = patience(IDLE_END)
     config_path = tmp_path / "engine.toml"
     _write_toml(config_path, cfg)
     log = tmp_path / "engine.log"
@@ -849,7 +888,7 @@ def test_a_lost_state_directory_is_refused_and_a_kill_at_start_is_harmless(
         proc = _start_engine(config_path, log)
         time.sleep(delay)  # a moment of the start-up to kill at, not a timing assumption
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=patience(ENGINE_EXITS))
     rc, err, _ = _cli(config_path)
     assert rc == 0, err[-3000:]
     ckpt, _ = _ledger(cfg)
@@ -897,7 +936,7 @@ def test_poison_records_and_a_240_feature_metric_model(
     _write_toml(config_path, cfg)
     out = subprocess.run(
         [sys.executable, "-m", "stream_dp.cli", "run", "--config", str(config_path), "--dry-run"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=patience(60),  # 8 s at load 6
     )  # fmt: skip
     assert out.returncode == 0 and "release message: at most 616," in out.stdout
     rc, err, _ = _cli(config_path, timeout=300)
@@ -945,7 +984,7 @@ def test_misconfiguration_is_diagnosed_within_60_seconds(
         rc, err, took = _cli(path)
         line = _last_line(err)
         assert rc == 4 and expect in line, (case, err[-2000:])
-        assert took < 60, (case, took)
+        assert took < patience(60), (case, took)  # the promise (≤ 23 s at load 5.6)
         assert "Traceback" not in err
     assert not (tmp_path / "state" / "model.ckpt").exists(), "nothing was started"
 
@@ -958,7 +997,7 @@ def test_records_skipped_by_an_offset_reset_are_reported_with_their_count(
     create_topic(bootstrap, names["input"], partitions=1)
     produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(100)])
     d = engine_config(tmp_path, bootstrap, names, kafka_client)
-    d["source"]["max_idle_seconds"] = 3.0
+    d["source"]["max_idle_seconds"] = patience(IDLE_END)
     cfg = EngineConfig.model_validate(d)
     Engine(cfg, max_records=30).run()
     # Retention (here: deleteRecords) removes offsets 0-69 before the engine read 30-69.

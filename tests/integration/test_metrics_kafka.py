@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import patience
 
 from stream_dp.engine import Engine
 from stream_dp.engine.config import EngineConfig
@@ -43,7 +44,7 @@ parser = pytest.importorskip("prometheus_client.parser")
 pytestmark = pytest.mark.kafka
 
 #: Deadlines: learning a few thousand records takes seconds on a quiet machine; these are
-#: far above five times that, for a loaded one.
+#: far above five times that, and patience() stretches them further with the load.
 LEARN_S = 240.0
 SCRAPE_TIMEOUT_S = 10.0
 
@@ -53,7 +54,7 @@ Samples = dict[tuple[str, frozenset], float]
 def _scrape(url: str) -> Samples | None:
     """Every sample the endpoint serves now (None while it does not answer)."""
     try:
-        with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
+        with urllib.request.urlopen(url, timeout=patience(SCRAPE_TIMEOUT_S)) as response:
             text = response.read().decode()
     except (urllib.error.URLError, ConnectionError):
         return None
@@ -81,7 +82,7 @@ def _scrape_until(
     what: str,
 ) -> tuple[Samples, list[Samples]]:
     """Scrape until ``ok`` (bounded by LEARN_S); the last scrape and every one taken."""
-    deadline = time.monotonic() + LEARN_S
+    deadline = time.monotonic() + patience(LEARN_S)
     seen: list[Samples] = []
     while time.monotonic() < deadline:
         assert alive(), f"the engine stopped before {what}"
@@ -137,7 +138,7 @@ def test_a_single_engine_serves_what_it_learned_and_spent(
         served = url()
     finally:
         engine.stop()
-        worker.join(timeout=LEARN_S)
+        worker.join(timeout=patience(LEARN_S))
     assert not worker.is_alive() and not errors, errors
 
     model = {"model_id": names["model"]}
@@ -240,7 +241,7 @@ def test_scale_out_instances_on_one_machine_each_serve_their_partitions(
     model = names["model"]
     try:
         urls = {}
-        deadline = time.monotonic() + LEARN_S
+        deadline = time.monotonic() + patience(LEARN_S)
         while len(urls) < 2:
             assert time.monotonic() < deadline, "the instances did not say where they serve"
             for name, (proc, log) in procs.items():
@@ -264,7 +265,7 @@ def test_scale_out_instances_on_one_machine_each_serve_their_partitions(
                           for s in last.values())  # fmt: skip
             return held == partitions and handled == n + 8
 
-        deadline = time.monotonic() + LEARN_S
+        deadline = time.monotonic() + patience(LEARN_S)
         while not everything_learned():
             assert time.monotonic() < deadline, f"not everything learned: {last}"
             assert all(p.poll() is None for p, _ in procs.values()), "an instance exited"
@@ -273,7 +274,7 @@ def test_scale_out_instances_on_one_machine_each_serve_their_partitions(
         for proc, _ in procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        codes = {name: proc.wait(timeout=LEARN_S) for name, (proc, _) in procs.items()}
+        codes = {name: proc.wait(timeout=patience(LEARN_S)) for name, (proc, _) in procs.items()}
     assert codes == {"A": 0, "B": 0}, [log.read_text()[-3000:] for _, log in procs.values()]
 
     served: dict[int, str] = {}

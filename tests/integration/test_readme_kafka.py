@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import patience
 
 from .kafka_broker import REPO_ROOT
 
@@ -61,13 +62,14 @@ def work_tree_state() -> set[str]:
 
 
 def bash(script: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``script`` in bash from the repository's root, for at most ``patience(timeout)``."""
     return subprocess.run(
         ["bash", "-c", "set -euo pipefail\n" + script],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=patience(timeout),
     )
 
 
@@ -91,7 +93,7 @@ def scale_out_as_written(
                          stdout=subprocess.DEVNULL, stderr=(tmp_path / f"scale-{i}.log").open("w"))
         for i, line in enumerate(background)
     ]  # fmt: skip
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + patience(300)
     learned: dict[str, int] = {}
     while time.monotonic() < deadline and all(p.poll() is None for p in procs):
         learned = {}
@@ -116,7 +118,7 @@ def scale_out_as_written(
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:
-        assert proc.wait(timeout=120) == 0
+        assert proc.wait(timeout=patience(120)) == 0
     return procs
 
 
@@ -133,6 +135,7 @@ def test_run_on_kafka_as_written(tmp_path: Path, kafka_client: str) -> None:
         "XDG_STATE_HOME": str(tmp_path / "xdg"),  # where the broker keeps its data
         "TMPDIR": str(tmp_path),  # where mktemp puts $WORK
         "PYTHONUNBUFFERED": "1",
+        "KAFKA_START_TIMEOUT": str(round(patience(90))),  # kafka.sh start's readiness wait
     }
     before = work_tree_state()
     engine = None
@@ -164,7 +167,7 @@ def test_run_on_kafka_as_written(tmp_path: Path, kafka_client: str) -> None:
             text=True,
         )
         status = Path(found["WORK"]) / "state" / "status.json"
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + patience(240)
         current: dict = {}
         while time.monotonic() < deadline and engine.poll() is None:
             try:
@@ -183,7 +186,7 @@ def test_run_on_kafka_as_written(tmp_path: Path, kafka_client: str) -> None:
         assert f"{current['releases']} release messages read from releases" in watch.stdout
 
         engine.send_signal(signal.SIGTERM)
-        out, _ = engine.communicate(timeout=120)
+        out, _ = engine.communicate(timeout=patience(120))
         assert engine.returncode == 0
         assert json.loads(out.strip().splitlines()[-1])["learned"] == sent
 
@@ -194,7 +197,7 @@ def test_run_on_kafka_as_written(tmp_path: Path, kafka_client: str) -> None:
         for proc in instances:
             if proc.poll() is None:
                 proc.kill()
-                proc.wait(timeout=30)
+                proc.wait(timeout=patience(30))
         stop = bash(second[-1], env, timeout=120)  # the README's own last command
     assert stop.returncode == 0, stop.stderr
     text = log.read_text()

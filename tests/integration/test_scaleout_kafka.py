@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import patience
 from kafka import KafkaConsumer, TopicPartition
 
 from connectors import KafkaSink
@@ -59,7 +60,7 @@ def _config(
     tmp: Path, bootstrap: str, names: dict, instance: str, client: str = "kafka-python"
 ) -> dict:
     cfg = engine_config(tmp, bootstrap, names, client, seed=None)
-    cfg["source"]["max_idle_seconds"] = 15.0
+    cfg["source"]["max_idle_seconds"] = patience(15.0)
     cfg["checkpoint"].update(every_records=500, every_seconds=2.0)
     cfg["status"]["file"] = str(tmp / f"status-{instance}.json")
     cfg["scale"] = {
@@ -142,7 +143,7 @@ def test_two_instances_one_killed_then_a_third_joins(
         held_by_a = _wait_for(status["A"], busy, procs["A"], 120)["partitions"]
         os.kill(procs["A"].pid, signal.SIGKILL)
         killed = time.monotonic()
-        assert procs["A"].wait(timeout=30) == -signal.SIGKILL
+        assert procs["A"].wait(timeout=patience(30)) == -signal.SIGKILL
         _wait_for(status["B"], lambda s: s["partitions"] == list(range(PARTITIONS)), procs["B"],
               timeout=4 * SESSION_MS / 1000 + 30)  # fmt: skip
         takeover = time.monotonic() - killed
@@ -153,17 +154,17 @@ def test_two_instances_one_killed_then_a_third_joins(
         held_by_c = _wait_for(status["C"], learning, procs["C"], 300)["partitions"]
         assert live.is_alive(), "the third instance joined while the input was live"
         stop_producing.set()
-        live.join(timeout=120)
+        live.join(timeout=patience(120))
         assert not live.is_alive()
         for i in "BC":
             log = (tmp_path / f"engine-{i}.log").read_text
-            assert procs[i].wait(timeout=300) == 0, log()[-3000:]
+            assert procs[i].wait(timeout=patience(300)) == 0, log()[-3000:]
     finally:
         stop_producing.set()
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
-                p.wait(timeout=30)
+                p.wait(timeout=patience(30))
     learned_by_c = json.loads((tmp_path / "engine-C.log").read_text().splitlines()[-1])
     assert learned_by_c["records"] > 0, "the third instance learned part of the live input"
     print(f"\ntake-over after SIGKILL: {takeover:.1f} s (session timeout {SESSION_MS / 1000} s)")
@@ -192,7 +193,7 @@ def test_two_instances_one_killed_then_a_third_joins(
     ref_names = {**names, "group": unique_name("group"), "model": model + "-ref",
                  "releases": unique_name("releases"), "dead": unique_name("dead")}  # fmt: skip
     ref_cfg = _config(tmp_path / "ref", bootstrap, ref_names, "ref", kafka_client)
-    ref_cfg["source"]["max_idle_seconds"] = 4.0
+    ref_cfg["source"]["max_idle_seconds"] = patience(4.0)
     reference = ScaleOut(EngineConfig.model_validate(ref_cfg), master_secret=int(OTHER_MASTER, 16))
     reference.run()
     for k in range(PARTITIONS):
@@ -210,7 +211,7 @@ def _machine(
     home = tmp_path / name
     home.mkdir()
     cfg = _config(home, bootstrap, names, name, client)
-    cfg["source"]["max_idle_seconds"] = 4.0
+    cfg["source"]["max_idle_seconds"] = patience(4.0)
     cfg["scale"]["checkpoint_topic"] = names["checkpoints"]
     return home, cfg
 
@@ -218,11 +219,11 @@ def _machine(
 def _run_to_end(home: Path, cfg: dict, name: str, master: str = MASTER) -> tuple[int, str]:
     proc = _start(home, cfg, name, master)
     try:
-        rc = proc.wait(timeout=180)
+        rc = proc.wait(timeout=patience(180))
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=30)
+            proc.wait(timeout=patience(30))
     return rc, (home / f"engine-{name}.log").read_text()
 
 
@@ -440,7 +441,7 @@ def test_with_the_journal_partitions_move_x_to_y_to_x_through_the_checkpoint_top
     ref_names = {**names, "group": unique_name("group"), "model": model + "-ref",
                  "releases": unique_name("releases"), "dead": unique_name("dead")}  # fmt: skip
     ref_cfg = _config(tmp_path / "ref", bootstrap, ref_names, "ref")
-    ref_cfg["source"]["max_idle_seconds"] = 4.0
+    ref_cfg["source"]["max_idle_seconds"] = patience(4.0)
     ref_cfg["checkpoint"]["ledger_journal"] = True
     ScaleOut(EngineConfig.model_validate(ref_cfg), master_secret=int(OTHER_MASTER, 16)).run()
     for k in range(2):
@@ -499,7 +500,7 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
     for name in ("X", "Y", "X2"):  # X2: machine X again, its state directory lost
         homes[name] = _machine(tmp_path, bootstrap, names, name)
         homes[name][1]["checkpoint"]["ledger_journal"] = True
-        homes[name][1]["source"]["max_idle_seconds"] = 10.0
+        homes[name][1]["source"]["max_idle_seconds"] = patience(10.0)
     status = {i: Path(homes[i][1]["status"]["file"]) for i in homes}
     procs: dict[str, subprocess.Popen] = {}
     live = threading.Thread(target=produce, args=(first, n, True), daemon=True)
@@ -513,7 +514,7 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
         live.start()
         os.kill(procs["X"].pid, signal.SIGKILL)
         killed = time.monotonic()
-        assert procs["X"].wait(timeout=30) == -signal.SIGKILL
+        assert procs["X"].wait(timeout=patience(30)) == -signal.SIGKILL
         everything = lambda s: s["partitions"] == list(range(PARTITIONS))  # noqa: E731
         _wait_for(status["Y"], everything, procs["Y"], timeout=4 * SESSION_MS / 1000 + 30)
         takeover = time.monotonic() - killed
@@ -524,19 +525,19 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
         # Live input goes on past the rebalance, so a stall would show in the releases.
         assert not stop_producing.wait(10.0) and live.is_alive(), "the live input ended early"
         stop_producing.set()
-        live.join(timeout=60)
+        live.join(timeout=patience(60))
         rebalanced_until = time.time()
         times = [t for t in _release_times(bootstrap, names["releases"])
                  if joined <= t <= rebalanced_until]  # fmt: skip
         for i in ("Y", "X2"):
             log = (homes[i][0] / f"engine-{i}.log").read_text
-            assert procs[i].wait(timeout=600) == 0, log()[-3000:]
+            assert procs[i].wait(timeout=patience(600)) == 0, log()[-3000:]
     finally:
         stop_producing.set()
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
-                p.wait(timeout=30)
+                p.wait(timeout=patience(30))
 
     model = names["model"]
     text_y = (homes["Y"][0] / "engine-Y.log").read_text()
@@ -573,7 +574,7 @@ def test_a_missing_input_topic_is_rc_4_in_one_line_and_never_created(
     names = names_for(unique_name)
     cfg = _config(tmp_path, bootstrap, names, "A")
     proc = _start(tmp_path, cfg, "A")
-    assert proc.wait(timeout=120) == 4
+    assert proc.wait(timeout=patience(120)) == 4
     lines = (tmp_path / "engine-A.log").read_text().strip().splitlines()
     assert len(lines) == 1 and f"input topic {names['input']!r} does not exist" in lines[0], lines
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)

@@ -9,9 +9,11 @@ private release and the privacy spent. The average regret of each learner — co
 records, for the trusted operator only — is shown only with --operator-metrics, marked raw.
 The learners are independent and run in --jobs worker processes (default: 2).
 
-Outputs (in --out DIR): results.md (settings, table, honest verdicts), releases.jsonl (one
-release_message() per release step, tagged with dataset and model), demo.png (AUC of the release
-against t, and with --operator-metrics the raw average penalty; needs matplotlib).
+Outputs (in --out DIR, about 15 MB): results.md (settings, table, honest verdicts),
+releases.jsonl (release_message() lines tagged with dataset and model: every release of
+OnPairStrC and OnPairC, OnPairMF's every-step releases at their period and the last; all of them
+with --all-releases, ~235 MB), demo.png (AUC of the release against t, and with
+--operator-metrics the raw average penalty; needs matplotlib).
 """
 
 from __future__ import annotations
@@ -91,6 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-plot", action="store_true", help="do not write demo.png")
     parser.add_argument(
+        "--all-releases",
+        action="store_true",
+        help="write every release into releases.jsonl, OnPairMF's one per step too (both datasets: "
+        "~235 MB; default: OnPairMF's at the other learners' release period and the last, ~15 MB)",
+    )
+    parser.add_argument(
         "--operator-metrics",
         action="store_true",
         help="also compute and show each learner's RAW average regret (not private: for the "
@@ -119,6 +127,7 @@ def main(args: argparse.Namespace) -> int:
         operator_metrics=args.operator_metrics,
         quiet=args.quiet,
         jobs=args.jobs,
+        all_releases=args.all_releases,
     )
     from stream_dp.engine.cli import one_line_errors  # the CLI's one error convention
 

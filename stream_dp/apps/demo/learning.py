@@ -127,8 +127,9 @@ def drain(queue, progress: Progress) -> None:
 def learn_task(res: ModelResult, seed: int | None, max_records: int | None) -> tuple:
     """Stream one learner (in a worker or inline); returns the result and its release lines.
 
-    On the NumPy path: numba would compile its kernel in every worker process on a fresh
-    install (about 25 s of CPU each) to save about a second of learning.
+    On the NumPy path: on a fresh install numba would first compile its kernel in every worker
+    process (about 70 s of CPU each, docs/performance.md), about as much as the NumPy path
+    costs for all the demo's learners.
     """
     data, X_test = prepared_data(res.dataset, max_records)
     lines: list[str] = []
@@ -173,7 +174,8 @@ def _stream_one(
     sink: Callable[[dict], None],
     progress,
 ) -> None:
-    """Stream every record through ``model``; fill ``res``; write each release to ``sink``."""
+    """Stream every record through ``model``; fill ``res``; write its releases to ``sink`` (those
+    ``res.write_every`` selects)."""
     private = not isinstance(model, PairwiseGIGA)
     X, y = data.X_stream, data.y_stream
     n = len(y)
@@ -186,14 +188,15 @@ def _stream_one(
         t = i + 1
         if private and model.release_step != last_release:
             last_release = model.release_step
-            sink(
-                {
-                    "dataset": res.dataset,
-                    "model": res.label,
-                    "epsilon_target": res.epsilon_target,
-                    **model.release_message(),
-                }
-            )
+            if last_release % res.write_every == 0 or t == n:  # see ModelResult.write_every
+                sink(
+                    {
+                        "dataset": res.dataset,
+                        "model": res.label,
+                        "epsilon_target": res.epsilon_target,
+                        **model.release_message(),
+                    }
+                )
         if t in marks:
             w = _served(model)
             res.curve_t.append(t)

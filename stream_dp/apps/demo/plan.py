@@ -101,6 +101,8 @@ class DemoSettings:
     operator_metrics: bool = False
     quiet: bool = False
     jobs: int = 2
+    #: Write every release into releases.jsonl (OnPairMF's at every step), not one per period.
+    all_releases: bool = False
 
 
 @dataclass
@@ -114,6 +116,10 @@ class ModelResult:
     alpha_reason: str
     release_every: int | None
     n: int = 0
+    #: releases.jsonl keeps the releases at steps t with t % write_every == 0, and the last one
+    #: (1: every release). OnPairMF releases at every step for free; the demo writes those at
+    #: the other learners' period unless --all-releases (bank: 234 MB instead of 5 MB).
+    write_every: int = 1
     steps: int = 0
     epsilon_spent: float | None = None
     T1: int = 0
@@ -162,7 +168,9 @@ def plan_models(
         ]
     # OnPairMF has no regulariser and no warm-up: its rules depend on n, ε and the constants.
     out += [
-        ModelResult(name, "OnPairMF", float(e), math.nan, "none", 1, n=n, features=features)
+        ModelResult(
+            name, "OnPairMF", float(e), math.nan, "none", 1, n=n, features=features, write_every=k
+        )  # fmt: skip
         for e in epsilons
     ]
     return out

@@ -25,7 +25,9 @@ from stream_dp.apps.demo.plan import (
 from stream_dp.datasets import Prepared
 from stream_dp.metrics import auc_standard_error
 
-__all__ = ["format_table", "plot", "results_markdown"]
+__all__ = ["figure", "format_table", "plot", "results_markdown"]
+
+PNG_DPI = 110  # demo.png: 825 pixels wide for one column of plots
 
 
 def _fmt(v: float | None, spec: str = ".3f", none: str = "—") -> str:
@@ -107,6 +109,16 @@ def plot(
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[plot]')"
+    fig = figure(results, datasets, operator)
+    fig.savefig(path, dpi=PNG_DPI)
+    plt.close(fig)
+    return None
+
+
+def figure(results: list[ModelResult], datasets: Sequence[str], operator: bool = False):
+    """demo.png's matplotlib figure (needs matplotlib): one row per dataset, every text inside."""
+    import matplotlib.pyplot as plt
+
     eps_values = sorted({r.epsilon_target for r in results if r.epsilon_target is not None})
     cmap = plt.get_cmap("viridis")
     colors = {
@@ -141,18 +153,15 @@ def plot(
             ax_pen.set_xlabel("t (records streamed)")
             ax_pen.set_ylabel("average penalty")
             ax_pen.grid(alpha=0.3)
-    fig.suptitle(
-        "stream-dp demo — solid: OnPairStrC, dashed: OnPairC, dash-dot: OnPairMF, black: GIGA "
-        "(not private); "
-        f"δ = {DELTA:g}",
+    fig.suptitle(  # two lines: one would be wider than a one-column figure
+        f"stream-dp demo: test AUC of each learner's model on held-out records, δ = {DELTA:g}\n"
+        "solid: OnPairStrC, dashed: OnPairC, dash-dot: OnPairMF, black: GIGA (not private)",
         fontsize=11,
     )
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.14 / len(datasets), 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+    return fig
 
 
 def results_markdown(
@@ -300,9 +309,17 @@ def results_markdown(
     lines += [
         "## Files",
         "",
-        "- `releases.jsonl`: one `release_message()` per release step of every private learner "
-        "(warm-up releases included: they are random and cost nothing), tagged with `dataset`, "
-        "`model` and `epsilon_target`. GIGA releases nothing (it is not private).",
+        "- `releases.jsonl`: `release_message()` lines of every private learner, tagged with "
+        "`dataset`, `model` and `epsilon_target`: every release of OnPairStrC and OnPairC "
+        "(warm-up releases included: they are random and cost nothing); "
+        + (
+            "every release of OnPairMF (one per step; `--all-releases`)."
+            if settings.all_releases
+            else "of OnPairMF's releases (one per step, each free) those at the steps t that are "
+            "multiples of its dataset's `release_every` (above), and the last (`--all-releases` "
+            "writes all of them)."
+        )
+        + " GIGA releases nothing (it is not private).",
         f"- `demo.png`: {plot_note}",
         "",
     ]

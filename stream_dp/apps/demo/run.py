@@ -100,6 +100,8 @@ def _run_demo(settings: DemoSettings, out: Path) -> list[ModelResult]:
         )
         for res in plan_models(n, name, settings.epsilons, data.feature_names):
             res.operator = settings.operator_metrics
+            if settings.all_releases:
+                res.write_every = 1
             results.append(res)
             if res.epsilon_target is None:
                 say(f"  {res.label}: α = {res.alpha:g} ({res.alpha_reason}); no noise, no warm-up")
