@@ -174,7 +174,8 @@ def test_onpairmf_claimed_epsilon_drops_by_more_than_seven_percent() -> None:
     from stream_dp.online import OnPairMF
 
     for eps in (1.0, 4.0):
-        model = OnPairMF(task="auc", epsilon=eps, delta=1e-5, horizon=35_169, features=48)
+        model = OnPairMF(task="auc", epsilon=eps, delta=1e-5, horizon=35_169, features=48,
+                         conversion="tight")  # fmt: skip
         event = model.mf.event(1)
         zcdp = ZCDPAccountant(delta=1e-5)
         zcdp.compose(event)

@@ -67,7 +67,9 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
         ``"all"`` (the paper; O(t·d) memory), an int (FIFO of that size), ``"fifo:N"``,
         ``"reservoir:N"`` (Kar et al. RS-x) or a :class:`stream_dp.buffers.Buffer`.
     conversion
-        zCDP → (ε, δ): ``"tight"`` (CKS 2020, default) or ``"paper"``.
+        ρ → (ε, δ): ``"exact"`` (default: every charge is Gaussian, so the ledger's Σρ = μ²/2
+        is μ-GDP and its exact (ε, δ) curve is reported and calibrated on,
+        :mod:`stream_dp.privacy.gdp`), ``"tight"`` (CKS 2020) or ``"paper"``.
     seed
         Secret of the keyed noise. ``None`` (the default) draws 128 bits from the OS. An int is
         guessable, so it is refused unless ``reproducible=True``. Stored in checkpoints — keep
@@ -166,7 +168,7 @@ class OnPairStrC(BudgetedLearner, PairwiseLearner):
         data_radius: float = 1.0,
         model_radius: float = 1.0,
         buffer: str | int | Buffer = "all",
-        conversion: str = "tight",
+        conversion: str = "exact",
         seed: int | None = None,
         reproducible: bool = False,
         release_every: int = 20,

@@ -27,7 +27,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from stream_dp.privacy.conversions import Conversion, epsilon_from_rho
+from stream_dp.privacy.conversions import (
+    CONVERSIONS,
+    ZCDP_CONVERSIONS,
+    Conversion,
+    epsilon_from_rho,
+)
 from stream_dp.privacy.events import (
     GAUSSIAN_MECHANISMS,
     ApproxDPEvent,
@@ -337,7 +342,10 @@ class ZCDPAccountant(Accountant):
     delta
         The δ at which :meth:`spent` reports ε.
     conversion
-        ``"tight"`` (default) or ``"paper"``; see :mod:`stream_dp.privacy.conversions`.
+        ``"tight"`` (default), ``"paper"`` or ``"exact"``; see
+        :mod:`stream_dp.privacy.conversions`. ``"exact"`` reports the exact Gaussian-DP curve
+        of ``μ = √(2Σρ)``, which holds for Gaussian releases only: the accountant then
+        refuses Laplace events (a ledger that must mix them keeps ``"tight"``).
 
     Examples
     --------
@@ -359,10 +367,16 @@ class ZCDPAccountant(Accountant):
         super().__init__()
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        if conversion not in CONVERSIONS:
+            raise ValueError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
         self.delta = float(delta)
         self.conversion = conversion
+        if conversion not in ZCDP_CONVERSIONS:  # the GDP curve: Gaussian releases only
+            self.events = (GaussianEvent,)
 
     def laplace_cost(self, sensitivity: float, scale: float) -> float:
+        if LaplaceEvent not in self.events:
+            raise TypeError(f"a ledger accounted {self.conversion!r} holds Gaussian events only")
         return (sensitivity / scale) ** 2 / 2.0
 
     def rho_spent(self) -> float:
@@ -380,8 +394,8 @@ class ZCDPAccountant(Accountant):
         eps, _ = self.spent()
         flag = "" if self.private else ", NOT PRIVATE: reproducible seed"
         return (
-            f"ZCDPAccountant(δ={self.delta}, ρ spent={self.rho_spent():.4g}, ε spent={eps:.4g}, "
-            f"charges={len(self)}{flag})"
+            f"ZCDPAccountant(δ={self.delta}, ρ spent={self.rho_spent():.4g}, ε spent={eps:.4g} "
+            f"({self.conversion}), charges={len(self)}{flag})"
         )
 
 

@@ -1,6 +1,11 @@
 """Conversions between zero-concentrated DP (ρ-zCDP) and approximate (ε, δ)-DP.
 
-Two conversions are offered (docs/privacy.md, *Accounting*):
+Three conversions are offered (docs/privacy.md, *Accounting*):
+
+* ``"exact"`` — for a ledger of **Gaussian releases only**: ``Σρ = μ²/2`` composes exactly in
+  Gaussian DP (Dong, Roth & Su 2022, Cor. 3.3) and μ-GDP *is* the (ε, δ) curve of
+  :func:`stream_dp.privacy.gdp.delta_for_epsilon` (Balle & Wang 2018, Thm. 8): no conversion
+  loss. Not valid for a ledger with any Laplace event (the accountant refuses them).
 
 * ``"tight"`` (default) — Canonne, Kamath & Steinke (2020), via Rényi DP: a ρ-zCDP mechanism is
   (α, ρα)-RDP for every α > 1, and (α, τ)-RDP implies (ε, δ)-DP with
@@ -9,8 +14,8 @@ Two conversions are offered (docs/privacy.md, *Accounting*):
   ``ε = ρ + 2√(ρ ln(1/δ))``, whose inverse is ``ρ = (√(ln(1/δ) + ε) − √(ln(1/δ)))²``.
 
 The tight conversion is always at most the paper's, and at least the exact (ε, δ) curve of a
-single Gaussian mechanism with the same ρ (:func:`gaussian_epsilon_exact`), which is the best
-any conversion can do.
+single Gaussian mechanism with the same ρ, which is the best any conversion can do and what
+``"exact"`` reports.
 
 """
 
@@ -26,20 +31,24 @@ from stream_dp import _jit
 
 __all__ = [
     "Conversion",
+    "CONVERSIONS",
+    "ZCDP_CONVERSIONS",
     "epsilon_from_rho",
     "rho_from_epsilon",
     "gaussian_delta_exact",
     "gaussian_epsilon_exact",
 ]
 
-Conversion = Literal["tight", "paper"]
+Conversion = Literal["exact", "tight", "paper"]
 
-_CONVERSIONS = ("tight", "paper")
+CONVERSIONS = ("exact", "tight", "paper")
+#: The conversions that hold for any zCDP ledger (Laplace events included).
+ZCDP_CONVERSIONS = ("tight", "paper")
 
 
 def _check(delta: float, conversion: str) -> None:
-    if conversion not in _CONVERSIONS:
-        raise ValueError(f"conversion must be one of {_CONVERSIONS}, got {conversion!r}")
+    if conversion not in CONVERSIONS:
+        raise ValueError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
 
@@ -54,7 +63,8 @@ def epsilon_from_rho(rho: float, delta: float, conversion: Conversion = "tight")
     delta
         Target δ in (0, 1).
     conversion
-        ``"tight"`` (CKS 2020, default) or ``"paper"`` (``ρ + 2√(ρ ln 1/δ)``).
+        ``"tight"`` (CKS 2020, default), ``"paper"`` (``ρ + 2√(ρ ln 1/δ)``) or ``"exact"``
+        (the GDP curve at ``μ = √(2ρ)``; Gaussian ledgers only, rounded up).
 
     Examples
     --------
@@ -62,6 +72,8 @@ def epsilon_from_rho(rho: float, delta: float, conversion: Conversion = "tight")
     0.688002
     >>> round(epsilon_from_rho(1 / 32, 1e-3, "paper"), 6)
     0.960481
+    >>> round(epsilon_from_rho(1 / 32, 1e-3, "exact"), 6)
+    0.592007
 
     """
     _check(delta, conversion)
@@ -71,6 +83,10 @@ def epsilon_from_rho(rho: float, delta: float, conversion: Conversion = "tight")
         raise ValueError(f"rho must be >= 0, got {rho!r}")
     if rho == 0.0:
         return 0.0
+    if conversion == "exact":
+        from stream_dp.privacy import gdp  # gdp reads the accountants' exact sums: no cycle
+
+        return gdp.epsilon_for_delta(math.sqrt(2.0 * rho), delta)
     log_delta = math.log(delta)
     if conversion == "paper":
         return rho + 2.0 * math.sqrt(rho * -log_delta)
@@ -147,11 +163,17 @@ def rho_from_epsilon(epsilon: float, delta: float, conversion: Conversion = "tig
     True
     >>> round(rho_from_epsilon(1.0, 1e-5, "paper"), 6)
     0.02082
+    >>> round(rho_from_epsilon(1.0, 1e-5, "exact"), 6)  # μ²/2 of the GDP curve
+    0.035926
 
     """
     _check(delta, conversion)
     if not epsilon > 0.0 or math.isinf(epsilon):
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
+    if conversion == "exact":
+        from stream_dp.privacy import gdp
+
+        return gdp.rho_budget(float(epsilon), float(delta))
     ln_inv_delta = -math.log(delta)
     if conversion == "paper":
         # ε²/(√(L+ε) + √L)² equals (√(L+ε) − √L)² without its cancellation; either way the last
