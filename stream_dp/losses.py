@@ -294,6 +294,13 @@ class PairwiseLoss:
 class LogisticAUCLoss(PairwiseLoss):
     """Huai et al. (2020) Example 2: ``φ((y − y')·wᵀ(x − x'))``, labels in {−1, +1}.
 
+    With ``slope_cap`` κ ∈ (0, 1) the loss is the *capped* logistic ``ψ_κ``: ``φ(v)`` for
+    ``v ≥ v₀ = ln(1/κ − 1)``, continued linearly below with slope −κ
+    (``ψ_κ(v) = φ(v₀) − κ(v − v₀)``). It is convex, C¹, κ-Lipschitz and ¼-smooth — the logistic
+    loss for well-ranked pairs, a hinge-like constant slope for misranked ones — so every pair
+    term is at most ``2·2R·κ`` whatever the model radius (``docs/privacy.md``, *Capped
+    logistic AUC loss*; :func:`stream_dp.privacy.influence.pair_term_bounds`).
+
     Examples
     --------
     >>> import numpy as np
@@ -304,21 +311,47 @@ class LogisticAUCLoss(PairwiseLoss):
     0.41
     >>> loss.constants(data_radius=1.0, model_radius=1.0)
     LossConstants(lipschitz=4.0, smoothness=4.0, strong_convexity=0.0)
+    >>> capped = LogisticAUCLoss(slope_cap=0.5)  # ψ(v) = log 2 − v/2 for v < 0
+    >>> float(capped._pair_loss(np.array(-2.0), 1.0)) == math.log(2.0) + 1.0
+    True
+    >>> capped.constants(data_radius=0.5, model_radius=100.0).lipschitz
+    1.0
 
     """
 
     task = "auc"
     _skip_zero_coefficients = True
 
+    def __init__(self, slope_cap: float | None = None) -> None:
+        if slope_cap is not None and not (0.0 < slope_cap <= 1.0):
+            raise ValueError(f"slope_cap must be None or in (0, 1], got {slope_cap!r}")
+        self.slope_cap = None if slope_cap is None or slope_cap == 1.0 else float(slope_cap)
+
+    @property
+    def cap(self) -> float:
+        """κ: the largest slope of the loss in its argument (1: the plain logistic loss)."""
+        return 1.0 if self.slope_cap is None else self.slope_cap
+
+    @property
+    def knee(self) -> float:
+        """``v₀ = ln(1/κ − 1)``: below it the capped loss is linear (−inf without a cap)."""
+        return -math.inf if self.slope_cap is None else math.log(1.0 / self.slope_cap - 1.0)
+
     def constants(self, data_radius: float, model_radius: float) -> LossConstants:
-        return LossConstants(4.0 * data_radius, 4.0 * data_radius**2)
+        return LossConstants(4.0 * data_radius * self.cap, 4.0 * data_radius**2)
 
     def _pair_loss(self, u, c):
         # φ(c·u); a tied pair (c = 0) gives φ(0) = log 2, kept for the value only.
-        return phi(c * u)
+        v = c * u
+        if self.slope_cap is None:
+            return phi(v)
+        v0 = self.knee
+        return np.where(v >= v0, phi(np.maximum(v, v0)), phi(v0) - self.slope_cap * (v - v0))
 
     def _coef(self, u, c):
-        return dphi(c * u) * c  # zero for tied pairs
+        if self.slope_cap is None:
+            return dphi(c * u) * c  # zero for tied pairs
+        return np.maximum(dphi(c * u), -self.slope_cap) * c
 
 
 class LogisticMetricLoss(PairwiseLoss):
@@ -507,25 +540,30 @@ _LOSSES = {
 }
 
 
-def get_loss(task: str, name: str = "logistic") -> PairwiseLoss:
-    """The loss for a task (``"auc"`` or ``"metric"``) by name (``"logistic"`` or ``"hinge"``)."""
+def get_loss(task: str, name: str = "logistic", **params: float) -> PairwiseLoss:
+    """The loss for a task (``"auc"`` or ``"metric"``) by name (``"logistic"`` or ``"hinge"``);
+    ``params`` go to its constructor (``slope_cap`` of the logistic AUC loss)."""
     try:
-        return _LOSSES[(task, name)]()
+        kind = _LOSSES[(task, name)]
     except KeyError:
         raise ValueError(
             f"no {name!r} loss for task {task!r}; choose from {sorted(_LOSSES)}"
         ) from None
+    return kind(**params)
 
 
 # -- the logistic losses over a buffer, compiled (the online fast path) ------------------------
 _LOG2 = math.log(2.0)
 
 
-def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):  # pragma: no cover - compiled
-    """The logistic AUC loss of ``(x, y)`` against the first n rows, in one pass over them.
+def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee):  # pragma: no cover
+    """The (capped) logistic AUC loss of ``(x, y)`` against the first n rows, in one pass.
 
     Tied pairs (``y = Y[k]``) cost ``φ(0) = log 2`` and no gradient. The log of the product of
-    the factors ``1 + e^{−|u|}`` ∈ (1, 2] replaces one log per pair (one per ~700 pairs).
+    the factors ``1 + e^{−|u|}`` ∈ (1, 2] replaces one log per pair (one per ~700 pairs). With
+    ``cap`` < 1 (``knee = ln(1/cap − 1)``) the pairs below the knee cost
+    ``φ(knee) − cap·(u − knee)`` and their slope is ``cap`` (:class:`LogisticAUCLoss`); ``cap``
+    1 and ``knee`` −inf is the plain loss.
     """
     dim = x.shape[0]
     xw = 0.0
@@ -540,6 +578,8 @@ def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):  # pragma: no cover
     prod = 1.0
     csum = 0.0
     ties = 0
+    linear = 0.0  # Σ cap·(knee − u) over the pairs below the knee
+    below = 0
     for k in range(n):
         c = y - Y[k]
         if c == 0.0:
@@ -552,14 +592,21 @@ def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):  # pragma: no cover
             b += X[k, i] * w[i]
         if want_val:
             u = c * (xs - a)
-            if u < 0.0:
-                value -= u
-            prod *= 1.0 + math.exp(-abs(u))
-            if prod > 1e200:
-                logs += math.log(prod)
-                prod = 1.0
+            if u < knee:
+                linear += cap * (knee - u)
+                below += 1
+            else:
+                if u < 0.0:
+                    value -= u
+                prod *= 1.0 + math.exp(-abs(u))
+                if prod > 1e200:
+                    logs += math.log(prod)
+                    prod = 1.0
         if want_grad:
-            coef = -c / (1.0 + math.exp(c * (xw - b)))
+            slope = 1.0 / (1.0 + math.exp(c * (xw - b)))
+            if slope > cap:
+                slope = cap
+            coef = -c * slope
             csum += coef
             for i in range(dim):
                 g[i] -= coef * X[k, i]
@@ -568,7 +615,10 @@ def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):  # pragma: no cover
             g[i] += csum * x[i]
     if not want_val:
         return 0.0
-    return value + (logs + math.log(prod)) + ties * _LOG2
+    at_knee = 0.0
+    if below:
+        at_knee = below * (max(-knee, 0.0) + math.log1p(math.exp(-abs(knee))))
+    return value + (logs + math.log(prod)) + ties * _LOG2 + at_knee + linear
 
 
 @jitable
@@ -594,16 +644,17 @@ if NUMBA_INSTALLED:
 
 
 @jitable
-def buffer_terms(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g):  # pragma: no cover
+def buffer_terms(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee):  # noqa: E501  # pragma: no cover
     """Σ over the first n buffer rows of the logistic loss at ``s`` and its gradient at ``w``.
 
-    The compiled fast path's form of :class:`LogisticAUCLoss` (``task`` 0, ``w`` of length d)
-    and :class:`LogisticMetricLoss` (``task`` 1, ``w`` a flattened d × d matrix): returns
+    The compiled fast path's form of :class:`LogisticAUCLoss` (``task`` 0, ``w`` of length d;
+    its slope cap as ``cap`` and ``knee``, 1 and −inf without one) and
+    :class:`LogisticMetricLoss` (``task`` 1, ``w`` a flattened d × d matrix): returns
     ``Σ_k ℓ(s; (x, y), (X_k, Y_k))`` when ``want_val`` (else 0.0) and writes
     ``Σ_k ∇ℓ(w; …)`` into ``g`` when ``want_grad`` — the served model's penalty and the
     iterate's gradient against the same partners in one pass. Sums are ordered differently
     from the classes': they agree to ~1e-15 (``tests/test_fast_paths.py``).
     """
     if task == 0:
-        return _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g)
+        return _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee)
     return _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g)

@@ -385,7 +385,7 @@ class OperatorMetricsMixin:
         buf = self._state.buffer
         return OperatorMetrics.for_learner(
             self.metrics_share, self.metrics_noise, self.horizon, self.task,
-            self.data_radius, self.model_radius, buf.kind, buf.capacity,
+            self.data_radius_, self.model_radius_, buf.kind, buf.capacity,
         )  # fmt: skip
 
     def release_metrics(self) -> dict | None:

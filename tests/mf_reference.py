@@ -45,7 +45,14 @@ import numpy as np
 from stream_dp.buffers import FIFOBuffer
 from stream_dp.constraints import L2Ball, PSDFrobeniusBall
 from stream_dp.losses import LogisticAUCLoss, LogisticMetricLoss
-from stream_dp.online.onpairmf import step_size_rule, window_rule
+from stream_dp.online.onpairmf import (
+    AUC_DATA_RADIUS,
+    AUC_SLOPE_CAP,
+    capacity,
+    radius_rule,
+    step_size_rule,
+    window_rule,
+)
 from stream_dp.privacy.budget import zcdp_budget
 from stream_dp.privacy.conversions import epsilon_from_rho
 from stream_dp.privacy.correlated_noise import block_rows
@@ -85,7 +92,12 @@ class MFReference:
     use_cap
         K, for ``buffer="class"``.
     data_radius, model_radius
-        R (the clip) and D (the model set).
+        R (the clip) and D (the model set); ``None`` as OnPairMF: R = ½ (AUC) or 1, D from
+        the radius rule (AUC) or 1.
+    slope_cap
+        κ of the capped logistic AUC loss (``None``: the plain loss; ignored for the metric).
+    conversion
+        How the budget's (ε, δ) becomes ρ: ``"exact"`` (the GDP curve), ``"tight"``, ``"paper"``.
     step_size
         η; ``None`` for :func:`step_size_rule`.
     averaging
@@ -123,13 +135,15 @@ class MFReference:
         window: int | None = None,
         divisor: int | None = None,
         use_cap: int | None = None,
-        data_radius: float = 1.0,
-        model_radius: float = 1.0,
+        data_radius: float | None = None,
+        model_radius: float | None = None,
+        slope_cap: float | None = AUC_SLOPE_CAP,
         step_size: float | None = None,
         averaging: float | None = 1.0,
         seed: int | None = None,
         reproducible: bool = False,
         model_id: str = "onpairmf",
+        conversion: str = "exact",
     ) -> None:
         if task not in ("auc", "metric"):
             raise ValueError(f"task must be 'auc' or 'metric', got {task!r}")
@@ -140,8 +154,12 @@ class MFReference:
             )
         self.task = task
         self.horizon = int(horizon)
+        if data_radius is None:
+            data_radius = AUC_DATA_RADIUS if task == "auc" else 1.0
         self.R = float(data_radius)
-        self.D = float(model_radius)
+        self.cap = slope_cap if task == "auc" else None
+        self._rule = model_radius is None and task == "auc"
+        self.D = 1.0 if model_radius is None else float(model_radius)  # the rule sets it in _bind
         self.window = window_rule(horizon) if window is None else int(window)
         self.divisor = int(divisor) if divisor is not None else self.window
         if self.divisor < self.window:
@@ -150,9 +168,12 @@ class MFReference:
         self.averaging = None if averaging is None else float(averaging)
         self.reproducible = bool(reproducible)
         self.keyed = KeyedNoise(secrets.randbits(128) if seed is None else seed, model_id)
-        self.loss = LogisticAUCLoss() if task == "auc" else LogisticMetricLoss()
+        self.loss = LogisticAUCLoss(self.cap) if task == "auc" else LogisticMetricLoss()
         self.labels = LabelCodes()
-        bounds = pair_term_bounds(task, self.R, self.D)
+        if self._rule and (self.cap is None or self.cap > 0.5):
+            raise ValueError("the radius rule needs slope_cap <= 0.5")
+        # Under the rule κ ≤ ½, so the bounds hold for every D: computed at the placeholder.
+        bounds = pair_term_bounds(task, self.R, self.D, self.cap)
         if buffer == "window":
             self.buffer: FIFOBuffer | ClassBuffers = FIFOBuffer(self.window)
             pattern = window_pattern(self.window, self.divisor, bounds)
@@ -163,7 +184,7 @@ class MFReference:
             pattern = capped_class_pattern(self.window, self.buffer.use_cap, self.divisor, bounds)
         else:
             raise ValueError(f"buffer must be 'window' or 'class', got {buffer!r}")
-        self.budget = None if epsilon is None else zcdp_budget(epsilon, delta)
+        self.budget = None if epsilon is None else zcdp_budget(epsilon, delta, conversion)
         self.accountant = None if self.budget is None else self.budget.accountant
         self._pattern = pattern
         self._noise_name = noise
@@ -190,6 +211,11 @@ class MFReference:
         factorization = make_factorization(self._noise_name, self.horizon)
         self.mechanism = MFMechanism(factorization, self._pattern, self.horizon, rho, size)
         self.noise = self.mechanism.noise(self.keyed)
+        if self._rule:  # D from the stream's capacity: public facts only
+            mf = self.mechanism
+            z = capacity(self.horizon, d, float(mf.pattern[0]), mf.prefix_noise_std(self.horizon))
+            self.D = radius_rule(z, self.R)
+            self.constraint = L2Ball(self.D)
         self._rows: np.ndarray = np.zeros((0, size))
         self._rows_start = 1
         G = self.loss.constants(self.R, self.D).lipschitz
@@ -286,7 +312,9 @@ class MFReference:
         if self.dim is not None:
             out.update(self.mechanism.describe(), step_size=self.eta)
             if self.accountant is not None:
-                out["epsilon"] = epsilon_from_rho(out["rho"], self.accountant.delta)
+                out["epsilon"] = epsilon_from_rho(
+                    out["rho"], self.accountant.delta, self.accountant.conversion
+                )
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------

@@ -337,9 +337,11 @@ def test_predict_proba_many_equals_predict_proba_one() -> None:
 # --- the building blocks ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("task", ["auc", "metric"])
-def test_buffer_terms_are_the_regularised_loss(task: str) -> None:
-    """The fast path's compiled loss over a buffer is the loss classes' value and gradient."""
+@pytest.mark.parametrize(("task", "cap"), [("auc", None), ("auc", 0.5), ("auc", 0.27),
+                                            ("metric", None)])  # fmt: skip
+def test_buffer_terms_are_the_regularised_loss(task: str, cap: float | None) -> None:
+    """The fast path's compiled loss over a buffer is the loss classes' value and gradient (the
+    capped logistic AUC loss too)."""
     if not _jit.NUMBA_INSTALLED:
         pytest.skip("numba is not installed")
     import numba as nb
@@ -354,13 +356,16 @@ def test_buffer_terms_are_the_regularised_loss(task: str) -> None:
         Y = rng.integers(0, 3, size=n + 1).astype(float)
         A, B = rng.normal(size=(d, d)), rng.normal(size=(d, d))
         w, s = PSDFrobeniusBall(1.0).project(A), PSDFrobeniusBall(1.0).project(B)
-    loss = get_loss(task)
+    loss = get_loss(task) if cap is None else losses.LogisticAUCLoss(slope_cap=cap)
+    if cap is not None:  # misranked pairs on both sides of the knee
+        w, s = 4 * w, 4 * s
     g = np.zeros(w.size)
     code = 0 if task == "auc" else 1
+    kappa, knee = getattr(loss, "cap", 1.0), getattr(loss, "knee", -np.inf)
 
     @nb.njit
     def terms(w, s, x, y, X, Y, n, g):
-        return losses.buffer_terms(code, d, w, s, x, y, X, Y, n, True, True, g)
+        return losses.buffer_terms(code, d, w, s, x, y, X, Y, n, True, True, g, kappa, knee)
 
     value = terms(w.ravel(), s.ravel(), X[n], Y[n], X, Y, n, g)
     assert value / n == pytest.approx(loss.value(s, X[n], Y[n], X[:n], Y[:n]), rel=1e-13)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dp_accounting
 import numpy as np
 import pytest
-from dp_accounting import rdp
+from dp_accounting import pld, rdp
 from mf_reference import MFReference
 
 from stream_dp.constraints import PSDFrobeniusBall
@@ -44,11 +44,18 @@ def test_one_charge_for_the_whole_horizon_before_the_first_step(noise: str) -> N
     assert len(m.accountant.ledger) == 1  # every later release is post-processing: free
     eps, delta = m.accountant.spent()
     assert eps <= 1.0 and delta == 1e-5
-    # dp-accounting composes the same Gaussian mechanism (noise multiplier σ/Δ) to the same ε.
+    # dp-accounting composes the same Gaussian mechanism (noise multiplier σ/Δ) to the same ε:
+    # exactly by PLD (the default, exact accounting), by RDP for the zCDP conversion.
+    exact = pld.PLDAccountant(value_discretization_interval=1e-4)
+    exact.compose(dp_accounting.GaussianDpEvent(event.sigma / event.sensitivity))
+    assert eps == pytest.approx(exact.get_epsilon(1e-5), rel=1e-3)
+    assert epsilon_from_rho(m.accountant.cost(event), 1e-5, "exact") == pytest.approx(eps)
+    tight = _learner(noise=noise, conversion="tight")
+    tight.learn_one(X[0], y[0])
+    (event,) = tight.accountant.ledger
     theirs = rdp.RdpAccountant(ORDERS)
     theirs.compose(dp_accounting.GaussianDpEvent(event.sigma / event.sensitivity))
-    assert eps == pytest.approx(theirs.get_epsilon(1e-5), rel=1e-3)
-    assert epsilon_from_rho(m.accountant.cost(event), 1e-5) == pytest.approx(eps)
+    assert tight.accountant.spent()[0] == pytest.approx(theirs.get_epsilon(1e-5), rel=1e-3)
 
 
 def test_integer_seeds_need_reproducible_and_say_so() -> None:
@@ -113,7 +120,7 @@ def test_noise_free_run_charges_nothing() -> None:
     m = _learner(epsilon=None)
     m.learn_many(X, y)
     assert m.accountant is None and m.mechanism.sigma == 0.0
-    assert m.eta == pytest.approx(m.D / (4 * m.R * np.sqrt(400)))
+    assert m.eta == pytest.approx(m.D / (4 * m.R * m.loss.cap * np.sqrt(400)))
 
 
 def test_metric_iterates_stay_in_the_model_set() -> None:

@@ -117,6 +117,29 @@ def test_a_bound_without_the_later_pairings_is_exceeded() -> None:
     assert _measured(learner, D) > 1.5 * wrong
 
 
+@pytest.mark.parametrize("cap", [0.5, 0.27, None])
+def test_the_slope_cap_bounds_every_radius_and_an_uncapped_loss_breaks_it(cap) -> None:
+    # The capped logistic loss (the default, κ = ½) saturates at its cap on the saturating
+    # construction whatever the radius: the audit reaches Δ = ‖C·u‖ with u from 4R·κ. Without
+    # the cap (κ = None, D = 4) the same construction reaches the plain bound 4R·expit(4RD) —
+    # above the capped Δ by almost 2: a learner that claimed the cap's Δ for the plain loss
+    # would be caught.
+    stream, neighbour, w = _auc_saturating_streams(WINDOW + 1, same_label=False)
+    kw = {"slope_cap": cap, "model_radius": 4.0}
+
+    def make():
+        return _learner("auc", "blt", **kw)
+
+    D, learner = _differences(make, stream, neighbour, 4.0 * w)
+    assert _check(f"auc/blt/cap={cap}", learner, D, WINDOW + 1) > 0.98
+    capped = _learner("auc", "blt", slope_cap=0.5, model_radius=4.0)
+    capped._bind(3)
+    if cap is None:
+        assert _measured(learner, D) > 1.9 * capped.mechanism.sensitivity
+    else:
+        assert learner.mechanism.pattern[0] == pytest.approx(4 * learner.R * cap, rel=1e-12)
+
+
 def _random_stream(rng, n: int, d: int, p_pos: float, classes=(False, True)):
     X = rng.normal(size=(n, d)) * rng.uniform(0.2, 2.0, size=(n, 1))
     if classes == (False, True):

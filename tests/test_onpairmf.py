@@ -13,7 +13,7 @@ import warnings
 import dp_accounting
 import numpy as np
 import pytest
-from dp_accounting import rdp
+from dp_accounting import pld, rdp
 from mf_reference import MFReference
 
 from stream_dp.online import OnPairMF
@@ -73,12 +73,19 @@ def test_one_charge_before_the_first_step_and_a_release_at_every_step() -> None:
     assert steps == list(range(2, 151))
     assert len(m.accountant) == 1 and m.n_releases == 150
     eps, delta = m.accountant.spent()
-    assert eps <= 2.0 + 1e-9 and delta == 1e-5
+    assert eps <= 2.0 and delta == 1e-5
     # Google's dp-accounting composes the same Gaussian mechanism (noise multiplier σ/Δ, the
-    # whole stream's one charge) to the same ε.
+    # whole stream's one charge) to the same ε: exactly by its PLD accountant (the default
+    # accounting is the exact Gaussian curve), and by RDP for the zCDP conversion.
+    exact = pld.PLDAccountant(value_discretization_interval=1e-4)
+    exact.compose(dp_accounting.GaussianDpEvent(event.sigma / event.sensitivity))
+    assert eps == pytest.approx(exact.get_epsilon(1e-5), rel=1e-3)
+    tight = _learner(conversion="tight")
+    tight.learn_one(X[0], y[0])
+    (event,) = tight.accountant.ledger
     theirs = rdp.RdpAccountant([1 + k / 20 for k in range(1, 400)] + list(range(21, 200)))
     theirs.compose(dp_accounting.GaussianDpEvent(event.sigma / event.sensitivity))
-    assert eps == pytest.approx(theirs.get_epsilon(1e-5), rel=1e-3)
+    assert tight.accountant.spent()[0] == pytest.approx(theirs.get_epsilon(1e-5), rel=1e-3)
 
 
 def test_the_horizon_ends_learning_and_the_last_release_is_served() -> None:
@@ -180,6 +187,9 @@ def test_the_rules_never_read_data() -> None:
 # -- calibration: the noise the learner injects ---------------------------------------------------
 
 
+_UNPROJECTED = dict(model_radius=1e9, step_size=1.0, averaging=None)
+
+
 def _injected_prefix_sums(secrets: int, n: int, d: int) -> np.ndarray:
     """``(w_0 − w_t)/η`` for every step, when every gradient is zero: the learner's injected
     noise summed up to t. One class only (AUC pairs of one class have no gradient) and a model
@@ -188,7 +198,7 @@ def _injected_prefix_sums(secrets: int, n: int, d: int) -> np.ndarray:
     X = np.full((n, d), 0.1)
     y = np.ones(n, dtype=bool)
     for s in range(secrets):
-        m = _learner(n=n, d=d, seed=1000 + s, model_radius=1e9, step_size=1.0, averaging=None)
+        m = _learner(n=n, d=d, seed=1000 + s, **_UNPROJECTED)
         for t in range(n):
             m.learn_one(X[t], y[t])
             out[s, t] = -m.private_weights
@@ -197,7 +207,7 @@ def _injected_prefix_sums(secrets: int, n: int, d: int) -> np.ndarray:
 
 def test_injected_noise_has_the_mechanisms_covariance_across_200_secrets() -> None:
     n, d, secrets = 24, 3, 200
-    template = _learner(n=n, d=d)
+    template = _learner(n=n, d=d, **_UNPROJECTED)  # the samples' own mechanism
     mf = template.mf
     factorization = mf.factorization
     # Var of the prefix sum at t of σ·(M·Z): σ²·(A M Mᵀ Aᵀ)_tt = σ²·E_t.
@@ -207,15 +217,17 @@ def test_injected_noise_has_the_mechanisms_covariance_across_200_secrets() -> No
 
     def matches(samples: np.ndarray) -> bool:
         var = np.mean(samples**2, axis=(0, 2))  # per step, over secrets and coordinates
-        # 600 samples per step: the relative standard error of a variance is √(2/600) ≈ 6 %.
+        # 600 samples per step: the relative standard error of a variance is √(2/600) ≈ 6 %;
+        # the steps share their Z, so their mean is hardly more precise than one of them.
         return (
             bool(np.all(np.abs(var / expected - 1.0) < 0.25))
-            and abs(float(np.mean(var / expected)) - 1.0) < 0.05
+            and abs(float(np.mean(var / expected)) - 1.0) < 0.15
         )
 
     samples = _injected_prefix_sums(secrets, n, d)
     assert matches(samples)
     assert not matches(samples / 2)  # noise at σ/2 is caught
+    assert not matches(samples * 0.75)  # and at 3σ/4
 
 
 def test_a_learner_whose_sigma_was_lowered_cannot_pay_for_it() -> None:
@@ -236,7 +248,7 @@ def _gradient_rows(m: OnPairMF, stream, forced) -> np.ndarray:
     for t, (x, y) in enumerate(stream):
         if s.w is None:
             m._bind()
-        xc = clip_norm(np.asarray(x, dtype=float), m.data_radius)
+        xc = clip_norm(np.asarray(x, dtype=float), m.data_radius_)
         yv = m._input.validate(x, y)[1]
         X, Y = s.buffer.view()
         rows.append(s.gradient(forced[t].reshape(s.shape), xc, yv, X, Y).ravel())
@@ -260,7 +272,7 @@ def test_neighbouring_streams_never_exceed_the_certified_sensitivity(task: str) 
             y2[i] = (not y[i]) if task == "auc" else (y[i] + 1) % 3
         a = _learner(task, n, d, buffer=window, noise="blt")
         b = _learner(task, n, d, buffer=window, noise="blt")
-        D = float(a.model_radius)
+        D = a.model_radius_
         shape = (d,) if task == "auc" else (d, d)
         forced = []
         for _ in range(n):  # an adversarial iterate per step, on the boundary of C

@@ -71,8 +71,9 @@ class PairwiseLearner(base.Estimator):
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self._task and self.task != self._task:
             raise ValueError(f"{type(self).__name__} is the {self._task!r} variant")
-        radius = _positive("data_radius", self.data_radius)
-        model_radius = _positive("model_radius", self.model_radius)
+        radius = self._data_radius()
+        #: R actually used (the parameter, or what a subclass's rule derived from public facts).
+        self.data_radius_ = radius
         self._alpha = _positive("alpha", alpha) if self._regularized else float(alpha)
         check_seed(self.seed, self.reproducible, type(self).__name__)
         if self.features is None and self._requires_schema:
@@ -81,12 +82,15 @@ class PairwiseLearner(base.Estimator):
                 "names, or their number d for array input). Taking it from the first record "
                 "would make the model's shape depend on that record"
             )
-        self._input = RecordInput(self.task, self.features, radius)
+        self._input = RecordInput(self.task, self.features, radius, self._warns_clipping())
+        model_radius = self._model_radius()
+        #: D actually used (the parameter, or what a subclass's rule derived from public facts).
+        self.model_radius_ = model_radius
         self._constraint: ConstraintSet = (
             L2Ball(model_radius) if self.task == "auc" else PSDFrobeniusBall(model_radius)
         )
         self._noise = (self.noise_source or KeyedNoise)(self.seed, self.model_id)
-        self._loss = self._loss_for(Regularized, get_loss(self.task, "logistic"))
+        self._loss = self._loss_for(Regularized, self._base_loss())
         buffer = make_buffer(self._copy_buffer(), warn_above=self.max_buffer_warning)
         self._unit = self._make_unit(buffer, self._noise.secret)
         if self._unit is not None:  # a prediction's record may carry its unit: no feature
@@ -152,6 +156,10 @@ class PairwiseLearner(base.Estimator):
 
         return copy.deepcopy(self.buffer)  # a Buffer instance given as a parameter stays unused
 
+    def _base_loss(self) -> PairwiseLoss:
+        """The unregularised loss of the task (a subclass may shape it: OnPairMF's slope cap)."""
+        return get_loss(self.task, "logistic")
+
     def _loss_for(self, regularized: type[Regularized], base_loss: PairwiseLoss) -> PairwiseLoss:
         return regularized(base_loss, self._alpha)
 
@@ -176,10 +184,22 @@ class PairwiseLearner(base.Estimator):
     @property
     def constants(self) -> LossConstants:
         """G, L and α of the loss actually optimised (regulariser included)."""
-        return self._loss.constants(float(self.data_radius), self._center_radius())
+        return self._loss.constants(self.data_radius_, self._center_radius())
+
+    def _data_radius(self) -> float:
+        """R, the radius every record is clipped to (a subclass may derive it)."""
+        return _positive("data_radius", self.data_radius)
+
+    def _warns_clipping(self) -> bool:
+        """Whether most records being clipped deserves a warning (not when R clips by design)."""
+        return True
+
+    def _model_radius(self) -> float:
+        """D, the radius of C (the declared schema is known; a subclass may derive it)."""
+        return _positive("model_radius", self.model_radius)
 
     def _center_radius(self) -> float:
-        return float(self.model_radius)
+        return float(self._constraint.radius)
 
     def _shape(self) -> tuple[int, ...]:
         return self._loss.param_shape(self._input.schema.dim)

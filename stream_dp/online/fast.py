@@ -22,6 +22,7 @@ half is wrong without the other), hence one module.
 
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -59,9 +60,10 @@ CHUNK_ROWS = 2048
 _FIFO, _ALL, _RESERVOIR = 0, 1, 2
 
 FIELDS = (
-    # the model, its loss and the step rule: η_t (Huai et al.) or a constant η; the partners'
-    # mean, or their sum over a fixed divisor (> 0)
-    "task", "d", "w", "center", "alpha", "radius", "eta_alpha", "fixed", "eta", "divisor",
+    # the model, its loss (its slope cap and knee) and the step rule: η_t (Huai et al.) or a
+    # constant η; the partners' mean, or their sum over a fixed divisor (> 0)
+    "task", "d", "w", "center", "alpha", "radius", "eta_alpha", "cap", "knee", "fixed", "eta",
+    "divisor",
     # the buffer: kind, rows, labels, arrival ids, [members, head, capacity], a write plan
     "kind", "BX", "BY", "bids", "ring", "off", "slots", "nb",
     # the release ring, and whether releases are made and projected
@@ -126,7 +128,9 @@ def _step(S, t0, j, x, y):  # pragma: no cover - compiled
     learn = n > 0
     value = 0.0
     if n > 0 and (scored or learn):
-        value = buffer_terms(S.task, S.d, w, s, x, y, S.BX, S.BY, n, scored, learn, S.g) / n
+        g, cap, knee = S.g, S.cap, S.knee
+        value = buffer_terms(S.task, S.d, w, s, x, y, S.BX, S.BY, n, scored, learn, g, cap, knee)
+        value /= n
     S.penok[j] = 0
     if scored:
         S.pen[j] = value + S.alpha * _half_sq_dist(s, S.center)
@@ -298,8 +302,10 @@ class FastPath:
         values = dict(
             task=0 if s.loss.task == "auc" else 1, d=d, w=s.w, center=s.center,
             alpha=float(s.loss.alpha), radius=float(s.constraint.radius),
-            eta_alpha=float(s.eta_alpha), fixed=s.eta is not None, eta=float(s.eta or 0.0),
-            divisor=float(s.divisor or 0), kind=self.kind, BX=buf.X, BY=buf.Y, bids=buf.ids,
+            eta_alpha=float(s.eta_alpha), cap=float(getattr(s.loss.base, "cap", 1.0)),
+            knee=float(getattr(s.loss.base, "knee", -math.inf)), fixed=s.eta is not None,
+            eta=float(s.eta or 0.0), divisor=float(s.divisor or 0), kind=self.kind, BX=buf.X,
+            BY=buf.Y, bids=buf.ids,
             ring=ring, off=self.off, slots=self.slots, nb=self.nb,
             publishes=bool(mech.publishes), project=bool(mech.project_release),
             win=s.ring.rows, wn=s.ring.norms, rs=s.ring.state, lam=s.ring.lam, V=s.ring.V,

@@ -69,6 +69,9 @@ class RecordInput:
         learned record fix it (non-private learners only).
     radius
         R: every record is clipped to ``‖x‖₂ ≤ R``.
+    warn_clipping
+        Warn once when most records are clipped (default). False when the learner clips by
+        design (OnPairMF's default ``R = ½`` under features scaled to ``‖x‖ ≲ 1``).
 
     Examples
     --------
@@ -80,7 +83,7 @@ class RecordInput:
 
     """
 
-    def __init__(self, task: str, features, radius: float) -> None:
+    def __init__(self, task: str, features, radius: float, warn_clipping: bool = True) -> None:
         self.task = task
         self.radius = float(radius)
         self.schema = FeatureSchema(features)
@@ -90,7 +93,7 @@ class RecordInput:
         self.n_clipped = 0
         #: Accepted records. Operator-only.
         self.n_accepted = 0
-        self.clip_warned = False
+        self.clip_warned = not warn_clipping
         #: Positions of the declared features no accepted record has carried yet (None: not
         #: watched, because the schema was not declared or every feature has arrived).
         self.never_seen: set[int] | None = None

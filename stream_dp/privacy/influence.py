@@ -48,7 +48,9 @@ class PairTermBounds:
         return max(self.one_sided, self.two_sided)
 
 
-def pair_term_bounds(task: str, data_radius: float, model_radius: float) -> PairTermBounds:
+def pair_term_bounds(
+    task: str, data_radius: float, model_radius: float, slope_cap: float | None = None
+) -> PairTermBounds:
     """Term bounds of the logistic pairwise losses for ``‖x‖ ≤ R`` and models in the ball ``D``.
 
     The gradient of a pair is ``s·c·φ(δ)`` with ``s = −φ'(·) = expit(−argument) ∈ (0, 1)``.
@@ -61,6 +63,9 @@ def pair_term_bounds(task: str, data_radius: float, model_radius: float) -> Pair
       convex in (s, s′), so the maximum sits at a corner, and at every corner it is at most
       ``s_max·max(‖δ‖, ‖δ′‖, ‖δ − δ′‖)``. A changed label never leaves a pairing on both
       streams with the same partner (the pair is valid on exactly one), so two-sided = one-sided.
+      With the slope cap κ of the capped logistic loss (:class:`stream_dp.losses.LogisticAUCLoss`)
+      every slope is at most κ too: ``s_max = min(κ, expit(4RD))``, and the same argument over
+      the box ``[0, s_max]²`` gives both bounds — ``4R·κ`` for every D once ``κ ≤ ½``.
     * metric, ``φ(c(1 − δᵀWδ))`` with ``c = ±1``, ``W ⪰ 0``, ``‖W‖_F ≤ D``: ``δᵀWδ ∈ [0, 4R²D]``,
       ``s_max = expit(max(1, 4R²D − 1))``; one-sided ``≤ 4R²·s_max``. A changed label flips c
       while the pairing stays: two-sided ``≤ ‖sδδᵀ‖ + ‖s′δ′δ′ᵀ‖ ≤ 2·4R²·s_max``.
@@ -75,6 +80,8 @@ def pair_term_bounds(task: str, data_radius: float, model_radius: float) -> Pair
     >>> b = pair_term_bounds("auc", data_radius=1.0, model_radius=1.0)
     >>> round(b.one_sided, 4), b.two_sided == b.one_sided
     (3.9281, True)
+    >>> pair_term_bounds("auc", data_radius=0.5, model_radius=1e4, slope_cap=0.5).one_sided
+    1.0
     >>> m = pair_term_bounds("metric", data_radius=1.0, model_radius=1.0)
     >>> round(m.one_sided, 4), round(m.two_sided / m.one_sided, 6)
     (3.8103, 2.0)
@@ -83,8 +90,12 @@ def pair_term_bounds(task: str, data_radius: float, model_radius: float) -> Pair
     R, D = float(data_radius), float(model_radius)
     if not (R > 0 and D > 0 and math.isfinite(R) and math.isfinite(D)):
         raise ValueError(f"radii must be positive and finite, got R={R!r}, D={D!r}")
+    if slope_cap is not None and not (0.0 < slope_cap <= 1.0 and task == "auc"):
+        raise ValueError(f"a slope cap in (0, 1] bounds the AUC loss only, got {slope_cap!r}")
     if task == "auc":
         s_max = float(special.expit(4.0 * R * D))
+        if slope_cap is not None:
+            s_max = min(float(slope_cap), s_max)
         one = 4.0 * R * s_max
         return PairTermBounds(one, one)
     if task == "metric":

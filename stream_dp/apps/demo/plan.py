@@ -200,8 +200,10 @@ def make_learner(res: ModelResult, seed: int | None, keep_history: bool = True):
         return PairwiseGIGA(model_id=f"demo-{res.dataset}-giga", **common)
     if res.algorithm == "OnPairMF":
         # Correlated noise: one charge for the horizon, a free release (the average of the
-        # iterates) at every step; the buffer and step size follow its data-independent rules.
-        common = {k: v for k, v in common.items() if k not in ("alpha", "buffer")}
+        # iterates) at every step; the buffer, step size and radii follow its data-independent
+        # rules (docs/algorithms.md, OnPairMF).
+        rules = ("alpha", "buffer", "data_radius", "model_radius")
+        common = {k: v for k, v in common.items() if k not in rules}
         return OnPairMF(
             epsilon=res.epsilon_target,
             delta=DELTA,
