@@ -131,3 +131,19 @@ def test_the_exact_budget_refuses_what_would_exceed_the_curve() -> None:
     with pytest.raises(BudgetExhausted):
         budget.charge(GaussianEvent(step=2, sensitivity=sens, sigma=1e3))
     assert rho_from_epsilon(1.0, DELTA, "exact") == budget.limit
+
+
+def test_a_checkpoint_whose_charge_is_another_mechanism_is_refused() -> None:
+    # Same budget (the zCDP conversion pinned), other loss: the stream paid for the plain
+    # loss's Δ and σ; resuming it under the capped loss's would run another mechanism.
+    X, y = _stream(20, 3)
+    pinned = dict(task="auc", epsilon=1.0, horizon=100, features=3, seed=1, reproducible=True,
+                  conversion="tight", data_radius=1.0, model_radius=1.0)  # fmt: skip
+    old = OnPairMF(**pinned, slope_cap=None)
+    old.learn_many(X, y)
+    new = OnPairMF(**pinned)
+    with pytest.raises(ValueError, match="not this learner's mechanism"):
+        new.load_state_dict(old.state_dict())
+    same = OnPairMF(**old._get_params())
+    same.load_state_dict(old.state_dict())
+    assert same.step == old.step

@@ -215,6 +215,16 @@ class CorrelatedNoiseMechanism(Mechanism):
         if self.budget is not None:
             self.budget = restore_budget(self.budget, state["budget"])
         self.charged = bool(state["charged"])
+        if self.charged and self.private:
+            # The noise to come is this mechanism's: the charge on the ledger must be its own
+            # (Δ, σ), or the stream would pay for one mechanism and run another.
+            mine = self.mf.event(1)
+            paid = [e for e in self.budget.accountant.ledger if e.mechanism == mine.mechanism]
+            if [(e.sensitivity, e.sigma) for e in paid[:1]] != [(mine.sensitivity, mine.sigma)]:
+                raise ValueError(
+                    f"the checkpoint's charge {paid[:1]} is not this learner's mechanism "
+                    f"(Δ={mine.sensitivity}, σ={mine.sigma}): its parameters differ"
+                )
         self.t = int(state["t"])
         self.exhausted_why = state.get("exhausted_why")
         if hasattr(self, "stream"):
