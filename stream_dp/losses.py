@@ -559,8 +559,9 @@ _LOG2 = math.log(2.0)
 def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee):  # pragma: no cover
     """The (capped) logistic AUC loss of ``(x, y)`` against the first n rows, in one pass.
 
-    Tied pairs (``y = Y[k]``) cost ``φ(0) = log 2`` and no gradient. The log of the product of
-    the factors ``1 + e^{−|u|}`` ∈ (1, 2] replaces one log per pair (one per ~700 pairs). With
+    Tied pairs (``y = Y[k]``) cost ``ψ(0)`` (``φ(0) = log 2`` unless the knee is above 0) and
+    no gradient. The log of the product of the factors ``1 + e^{−|u|}`` ∈ (1, 2] replaces one
+    log per pair (one per ~700 pairs). With
     ``cap`` < 1 (``knee = ln(1/cap − 1)``) the pairs below the knee cost
     ``φ(knee) − cap·(u − knee)`` and their slope is ``cap`` (:class:`LogisticAUCLoss`); ``cap``
     1 and ``knee`` −inf is the plain loss.
@@ -615,10 +616,11 @@ def _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee):  # pragm
             g[i] += csum * x[i]
     if not want_val:
         return 0.0
-    at_knee = 0.0
-    if below:
-        at_knee = below * (max(-knee, 0.0) + math.log1p(math.exp(-abs(knee))))
-    return value + (logs + math.log(prod)) + ties * _LOG2 + at_knee + linear
+    phi_knee = 0.0
+    if knee > -math.inf:
+        phi_knee = max(-knee, 0.0) + math.log1p(math.exp(-abs(knee)))
+    tie = _LOG2 if knee <= 0.0 else phi_knee + cap * knee  # ψ(0): past the knee or before it
+    return value + (logs + math.log(prod)) + ties * tie + below * phi_knee + linear
 
 
 @jitable
