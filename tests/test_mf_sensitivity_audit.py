@@ -288,7 +288,9 @@ def test_membership_never_depends_on_feature_values() -> None:
 def test_window_pattern_is_what_the_learner_certifies() -> None:
     m = _learner("auc", "blt")
     m.learn_one(np.ones(3), True)
-    u = window_pattern(WINDOW, WINDOW, pair_term_bounds("auc", 1.0, 1.0))
+    # The defaults: R = ½ and the slope cap ½, so every pair term is at most 4·½·½ = 1.
+    u = window_pattern(WINDOW, WINDOW, pair_term_bounds("auc", 0.5, m.D, slope_cap=0.5))
+    assert u[0] == 1.0
     np.testing.assert_array_equal(m.mechanism.pattern, u)
     assert m.mechanism.sensitivity == m.mechanism.factorization.sensitivity(u, N)
 
