@@ -66,7 +66,7 @@ def test_the_claimed_epsilon_drops_by_at_least_seven_percent_at_the_same_sigma(
     epsilon: float,
 ) -> None:
     zcdp = OnPairMF(task="auc", epsilon=epsilon, horizon=35_169, features=48, conversion="tight")
-    rho = zcdp.mf.event(1).rho
+    rho = zcdp.accountant.cost(zcdp.mf.event(1))
     claimed = epsilon_from_rho(rho, DELTA, "tight")
     exact = epsilon_from_rho(rho, DELTA, "exact")
     assert claimed == pytest.approx(epsilon, rel=1e-6)
