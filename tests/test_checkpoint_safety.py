@@ -389,7 +389,9 @@ def test_a_sealed_checkpoint_round_trips_and_shows_nothing_of_its_contents(seale
     needles = [v.tobytes() for v in np.ravel(state["buffer"]["X"])]
     needles += [v.tobytes() for v in np.ravel(state["w"])]
     needles += [b'"secret"', b'"ledger"', b"m1_", b"buffer", str(state["secret"]).encode()]
-    needles = [n for n in needles if n in plain]
+    # A needle of k bytes turns up by chance in n random bytes with probability ~n/256^k:
+    # below 6 bytes (the seed written as "11") a random ciphertext sometimes holds it.
+    needles = [n for n in needles if n in plain and len(n) >= 6]
     assert len(needles) >= 20
     assert [n for n in needles if n in data] == []
     assert data.startswith(SEALED_MAGIC) and b"m1" in data  # the context is in the clear
