@@ -202,5 +202,6 @@ def test_dry_run_prints_both_compositions_and_says_which_holds(tmp_path, keyed):
     assert ("<- holds" in parallel) == keyed and ("<- holds" in total) != keyed
     rho = Engine(partition_config(cfg, 0), secret=1).learner.budget.limit
     four = next(line for line in text.splitlines() if "K=4 " in line)
-    assert f"{epsilon_from_rho(4 * rho, 1e-5):.4g}" in four
+    conversion = cfg.model.conversion  # the learner's accountant: "exact" for Gaussian ledgers
+    assert f"{epsilon_from_rho(4 * rho, 1e-5, conversion):.4g}" in four
     assert float(four.split("ε=")[1]) > cfg.model.epsilon

@@ -520,9 +520,16 @@ def _check_epsilon(model: Any) -> None:
 
 
 def _check_noise(model: Any, learner: Any) -> None:
-    """The first release's noise must not vanish in rounding against a model of norm D."""
-    if hasattr(learner, "mf"):  # OnPairMF: the correlated noise of step 1, times the step size
-        sigma = learner.step_size_ * learner.noise_plan([1])[1]["prefix_std"]
+    """The noise must not vanish in rounding against what it hides.
+
+    OnPairMF adds its noise to the gradient stream, whose scale is the stream's sensitivity Δ:
+    its step size grows with ε, so the released model's noise stays a fixed share of D even
+    when the gradients' noise has vanished, and the check is made in gradient units. The other
+    learners add it to the model, of norm at most D.
+    """
+    if hasattr(learner, "mf"):
+        sigma, scale = float(learner.mf.sigma), float(learner.mf.sensitivity)
+        against = f"a gradient stream of sensitivity Δ = {scale:.3g}"
     else:
         first = learner.T1 + int(learner.release_every)
         if learner.horizon is not None:
@@ -531,13 +538,14 @@ def _check_noise(model: Any, learner: Any) -> None:
         if not plan:
             return
         sigma = plan[0]["sigma"]
-    floor = NOISE_FLOOR * float(model.model_radius)
+        scale = float(learner.model_radius_)  # resolved: None means the radius rule
+        against = f"a model of norm model_radius = {scale:g}"
+    floor = NOISE_FLOOR * scale
     if not sigma >= floor:
         raise ValueError(
-            f"epsilon = {model.epsilon:g} is too large: the noise of the first release "
-            f"(σ = {sigma:.3g} per coordinate) would vanish in rounding against a model of norm "
-            f"model_radius = {model.model_radius:g} (below {floor:.3g}): the release would be the "
-            "exact, non-private model"
+            f"epsilon = {model.epsilon:g} is too large: the noise (σ = {sigma:.3g} per "
+            f"coordinate) would vanish in rounding against {against} (below {floor:.3g}): "
+            "the release would be the exact, non-private model"
         )
 
 
