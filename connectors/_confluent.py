@@ -101,6 +101,7 @@ _CONSUMER: dict[str, Callable[[Any], dict[str, Any]]] = {
     "heartbeat_interval_ms": _ms_to("heartbeat.interval.ms"),
     "max_poll_interval_ms": _ms_to("max.poll.interval.ms"),
     "check_crcs": lambda v: {"check.crcs": bool(v)},
+    "allow_auto_create_topics": lambda v: {"allow.auto.create.topics": bool(v)},
     # The adapter's own: records per poll.
     "max_poll_records": _dropped,
 }
