@@ -46,7 +46,7 @@ def _release(model: str, k: int, step: int) -> bytes:
 
 
 def test_merge_waits_for_every_partition_and_says_what_it_saw(
-    kafka_broker: KafkaBroker, unique_name, capsys
+    kafka_broker: KafkaBroker, unique_name, capsys, kafka_client
 ):
     """A merge that sees no release, or not every partition learner's, publishes nothing and
     exits 3 in one line naming what it saw. With --wait it waits for the missing partition;
@@ -65,7 +65,7 @@ def test_merge_waits_for_every_partition_and_says_what_it_saw(
     topic, model = unique_name("releases"), "m"
     create_topic(bootstrap, topic, partitions=1)
     merge = ["merge", "--bootstrap", bootstrap, "--topic", topic, "--model", model,
-             "--partitions", "2", "--idle-seconds", "2"]  # fmt: skip
+             "--partitions", "2", "--idle-seconds", "2", "--client", kafka_client]  # fmt: skip
 
     def send(*messages: tuple[int, int]) -> None:
         with KafkaSink(topic, bootstrap) as sink:

@@ -97,7 +97,7 @@ def _scrape_until(
 
 
 def test_a_single_engine_serves_what_it_learned_and_spent(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
@@ -109,7 +109,7 @@ def test_a_single_engine_serves_what_it_learned_and_spent(
     produce(bootstrap, names["input"], values)
     total = len(values)
 
-    cfg = engine_config(tmp_path, bootstrap, names)
+    cfg = engine_config(tmp_path, bootstrap, names, kafka_client)
     cfg["source"]["max_idle_seconds"] = None  # stopped by the test once it has scraped
     cfg["status"]["interval_seconds"] = 0.2
     cfg["metrics"] = {"prometheus_port": 0}
@@ -204,7 +204,7 @@ def _served_at(log: Path) -> str | None:
 
 
 def test_scale_out_instances_on_one_machine_each_serve_their_partitions(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     """Two instances with one config on one machine: each binds a port of its own and
     serves the partition learners it holds; over both, every partition is served once."""
@@ -230,7 +230,7 @@ def test_scale_out_instances_on_one_machine_each_serve_their_partitions(
         consumer.close()
     assert sum(sizes.values()) == n + 8
 
-    cfg = engine_config(tmp_path, bootstrap, names, seed=None)
+    cfg = engine_config(tmp_path, bootstrap, names, kafka_client, seed=None)
     cfg["source"]["max_idle_seconds"] = None  # stopped by the test once it has scraped
     cfg["checkpoint"].update(every_records=500, every_seconds=1.0)
     cfg["status"] = {"interval_seconds": 0.2, "file": str(tmp_path / "status.json")}

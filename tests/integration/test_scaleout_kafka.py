@@ -397,7 +397,7 @@ def _journaled_ledger(state: Path, model: str, k: int, master: str = MASTER):
 
 
 def test_with_the_journal_partitions_move_x_to_y_to_x_through_the_checkpoint_topic(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     """``checkpoint.ledger_journal = true``, two machines with their own state directories and
     the checkpoint topic. X learns both partitions (past a sealed journal chunk), Y then
@@ -420,7 +420,7 @@ def test_with_the_journal_partitions_move_x_to_y_to_x_through_the_checkpoint_top
     model = names["model"]
     homes: dict[str, tuple[Path, dict]] = {}
     for name in ("X", "Y"):
-        homes[name] = _machine(tmp_path, bootstrap, names, name)
+        homes[name] = _machine(tmp_path, bootstrap, names, name, kafka_client)
         homes[name][1]["checkpoint"]["ledger_journal"] = True
     for turn, name in enumerate(("X", "Y", "X")):
         produce(bounds[turn], bounds[turn + 1])
@@ -440,7 +440,7 @@ def test_with_the_journal_partitions_move_x_to_y_to_x_through_the_checkpoint_top
     sizes = _privacy_figures(bootstrap, names, 2)
     ref_names = {**names, "group": unique_name("group"), "model": model + "-ref",
                  "releases": unique_name("releases"), "dead": unique_name("dead")}  # fmt: skip
-    ref_cfg = _config(tmp_path / "ref", bootstrap, ref_names, "ref")
+    ref_cfg = _config(tmp_path / "ref", bootstrap, ref_names, "ref", kafka_client)
     ref_cfg["source"]["max_idle_seconds"] = patience(4.0)
     ref_cfg["checkpoint"]["ledger_journal"] = True
     ScaleOut(EngineConfig.model_validate(ref_cfg), master_secret=int(OTHER_MASTER, 16)).run()
@@ -470,7 +470,7 @@ def _release_times(bootstrap: str, topic: str) -> list[float]:
 
 
 def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     """Journal on, two machines with their own state directories and the checkpoint topic,
     live input. X is SIGKILLed: Y takes its partitions over, fetching their checkpoints from
@@ -498,7 +498,7 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
 
     homes = {}
     for name in ("X", "Y", "X2"):  # X2: machine X again, its state directory lost
-        homes[name] = _machine(tmp_path, bootstrap, names, name)
+        homes[name] = _machine(tmp_path, bootstrap, names, name, kafka_client)
         homes[name][1]["checkpoint"]["ledger_journal"] = True
         homes[name][1]["source"]["max_idle_seconds"] = patience(10.0)
     status = {i: Path(homes[i][1]["status"]["file"]) for i in homes}
@@ -566,13 +566,13 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
 
 
 def test_a_missing_input_topic_is_rc_4_in_one_line_and_never_created(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     """The single engine's start-up checks: subscribing to a missing topic would have the
     broker create it, and the instance would idle out having learned nothing."""
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
-    cfg = _config(tmp_path, bootstrap, names, "A")
+    cfg = _config(tmp_path, bootstrap, names, "A", kafka_client)
     proc = _start(tmp_path, cfg, "A")
     assert proc.wait(timeout=patience(120)) == 4
     lines = (tmp_path / "engine-A.log").read_text().strip().splitlines()

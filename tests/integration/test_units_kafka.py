@@ -45,7 +45,7 @@ def persons(n: int, count: int = 200, seed: int = 4) -> list[str]:
 
 
 def test_dropped_records_are_committed_counted_and_replayed_alike(
-    kafka_broker: KafkaBroker, unique_name, tmp_path
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
     bootstrap = kafka_broker.bootstrap
     n, k, b = 4000, 4, 40
@@ -59,7 +59,7 @@ def test_dropped_records_are_committed_counted_and_replayed_alike(
     admitted = int(ContributionBound(k, b).admit_many(keys, 1).sum())
     assert 0 < admitted < n
 
-    cfg = engine_config(tmp_path, bootstrap, names, seed=None)
+    cfg = engine_config(tmp_path, bootstrap, names, kafka_client, seed=None)
     cfg["model"] = {
         "algorithm": "OnPairMF", "epsilon": 2.0, "horizon": n, "buffer": 32,
         "features": cfg["model"]["features"], "model_id": cfg["model"]["model_id"],
