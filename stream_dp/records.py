@@ -42,6 +42,10 @@ def _sort_key(k: Hashable) -> tuple[str, str]:
     return (type(k).__name__, str(k))
 
 
+#: :attr:`FeatureSchema.ignored` when no field is ignored (a marker no record can carry).
+_NO_FIELD: Hashable = object()
+
+
 class FeatureSchema:
     """Feature names and their order: declared up front, or (non-private use only) taken from the
     first learned record. An int ``d`` stands for the names ``x0 … x{d−1}`` of array input.
@@ -67,8 +71,9 @@ class FeatureSchema:
     #: some and :attr:`track_presence` is set; None: it carried them all (or nobody asked).
     last_present: list[int] | None = None
     #: A field that is no feature and is skipped without a check (a unit-level learner's unit
-    #: key, which a record may carry into a prediction).
-    ignored: Hashable | None = None
+    #: key, which a record may carry into a prediction). The default is a private marker, not
+    #: None: None is a valid dict key, and a record keyed by it must still be checked.
+    ignored: Hashable = _NO_FIELD
 
     def __init__(self, names: Sequence[Hashable] | int | None = None) -> None:
         self.names: tuple | None = None
@@ -165,7 +170,8 @@ class FeatureSchema:
         if self.names is None:
             if not learning:
                 return np.zeros(0)
-            self._set(tuple(sorted(x, key=_sort_key)))
+            # The unit key is read, never learned: it never becomes a feature.
+            self._set(tuple(sorted((k for k in x if k != ignored), key=_sort_key)))
         out = np.zeros(len(self.names))
         index = self._index
         unknown = False
