@@ -44,6 +44,7 @@ from stream_dp.privacy.events import (
     event_from_dict,
     gaussian_rho,
 )
+from stream_dp.privacy.exact_sum import grow
 from stream_dp.privacy.journal import JournalError
 from stream_dp.privacy.ledger import APPROX, GAUSSIAN_CODES, LAPLACE, Ledger
 
@@ -244,20 +245,7 @@ class Accountant:
         self._pending = []
         self.approximate_total = exact[-1] if exact else 0.0
 
-    @staticmethod
-    def _grow(partials: list[float], x: float) -> None:
-        # Shewchuk's grow-expansion (the algorithm behind math.fsum), kept incrementally.
-        i = 0
-        for y in partials:
-            if abs(x) < abs(y):
-                x, y = y, x
-            hi = x + y
-            lo = y - (hi - x)
-            if lo:
-                partials[i] = lo
-                i += 1
-            x = hi
-        partials[i:] = [x]
+    _grow = staticmethod(grow)  # Shewchuk's exact running sum (privacy/exact_sum.py)
 
     def total(self, extra: Iterable[float] = ()) -> float:
         """The exact (correctly rounded) sum of every cost, plus ``extra`` costs."""

@@ -84,9 +84,9 @@ def epsilon_from_rho(rho: float, delta: float, conversion: Conversion = "tight")
     if rho == 0.0:
         return 0.0
     if conversion == "exact":
-        from stream_dp.privacy import gdp  # gdp reads the accountants' exact sums: no cycle
+        from stream_dp.privacy.gdp import epsilon_for_delta  # lazily: gdp loads scipy
 
-        return gdp.epsilon_for_delta(math.sqrt(2.0 * rho), delta)
+        return epsilon_for_delta(math.sqrt(2.0 * rho), delta)
     log_delta = math.log(delta)
     if conversion == "paper":
         return rho + 2.0 * math.sqrt(rho * -log_delta)
@@ -171,9 +171,9 @@ def rho_from_epsilon(epsilon: float, delta: float, conversion: Conversion = "tig
     if not epsilon > 0.0 or math.isinf(epsilon):
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
     if conversion == "exact":
-        from stream_dp.privacy import gdp
+        from stream_dp.privacy.gdp import rho_budget
 
-        return gdp.rho_budget(float(epsilon), float(delta))
+        return rho_budget(float(epsilon), float(delta))
     ln_inv_delta = -math.log(delta)
     if conversion == "paper":
         # ε²/(√(L+ε) + √L)² equals (√(L+ε) − √L)² without its cancellation; either way the last

@@ -37,8 +37,8 @@ from typing import Any
 
 from scipy import optimize, special
 
-from stream_dp.privacy.accountant import Accountant
 from stream_dp.privacy.events import GaussianEvent, NeighbouringRelation
+from stream_dp.privacy.exact_sum import grow
 
 __all__ = [
     "GaussianDPAccountant",
@@ -289,7 +289,7 @@ class GaussianDPAccountant:
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"count must be an int >= 0, got {count!r}")
         mu = gaussian_mu(event.sensitivity, event.sigma)
-        Accountant._grow(self._partials, count * mu * mu)  # exact running sum, as the ledgers
+        grow(self._partials, count * mu * mu)  # exact running sum, as the ledgers
         return self
 
     @property
