@@ -98,7 +98,7 @@ def test_anytime_sigma_is_certified_sensitivity_over_root_two_rho_k(
         track_regret=False,
         features=3,
     )
-    rho = rho_from_epsilon(EPS, DELTA)
+    rho = rho_from_epsilon(EPS, DELTA, model.conversion)  # the learner's accountant: exact
     zeta = float(special.zeta(p, 1))
     X, y = _stream(1, 70, 3, "auc")
     k = 0
@@ -126,7 +126,7 @@ def test_horizon_certified_sigma_splits_rho_over_the_releases(release_every: int
         features=3,
     )  # fmt: skip
     n_rel = math.ceil((n - 9) / release_every)
-    rho = rho_from_epsilon(EPS, DELTA)
+    rho = rho_from_epsilon(EPS, DELTA, model.conversion)  # the learner's accountant: exact
     X, y = _stream(2, n, 3, "metric")
     steps = []
     for t in range(1, n + 1):
