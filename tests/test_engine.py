@@ -119,9 +119,13 @@ class CrashingSink:
         pass
 
 
-def run(cfg, data, out: Collect, **kw) -> Engine:
+def run(cfg, data, out: Collect, dead: Collect | None = None, **kw) -> Engine:
     engine = Engine(
-        cfg, source=IterableSource(data), releases=out.sink(), dead_letters=Collect().sink(), **kw
+        cfg,
+        source=IterableSource(data),
+        releases=out.sink(),
+        dead_letters=(dead or Collect()).sink(),
+        **kw,
     )
     engine.run()
     return engine

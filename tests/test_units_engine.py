@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_engine import Boom, Collect, CrashingSource, run, without_wall_clock
 
-from connectors import CallbackSink, IterableSource, ReleaseMessage
+from connectors import ReleaseMessage
 from stream_dp.engine import Engine, EngineConfig
 from stream_dp.engine.cli import dry_run
 
@@ -57,48 +58,6 @@ def config(tmp: Path, **model) -> EngineConfig:
             "status": {"interval_seconds": 1000.0, "file": str(tmp / "status.json")},
         }
     )
-
-
-class Collect:
-    def __init__(self):
-        self.items: list[tuple[str | None, bytes]] = []
-
-    def sink(self) -> CallbackSink:
-        return CallbackSink(lambda k, v: self.items.append((k, v)))
-
-    def releases(self) -> list[dict]:
-        return [json.loads(v) for _, v in self.items]
-
-
-class Boom(RuntimeError):
-    pass
-
-
-class CrashingSource(IterableSource):
-    def __init__(self, items, crash_at: int):
-        super().__init__(items)
-        self.crash_at = crash_at
-
-    def poll(self, max_records=500, timeout_s=0.0):
-        batch = super().poll(max_records=1, timeout_s=timeout_s)
-        if batch and batch[0].position["line"] == self.crash_at:
-            raise Boom("simulated crash")
-        return batch
-
-
-def run(cfg, data, out: Collect, dead: Collect | None = None) -> Engine:
-    engine = Engine(
-        cfg,
-        source=IterableSource(data),
-        releases=out.sink(),
-        dead_letters=(dead or Collect()).sink(),
-    )
-    engine.run()
-    return engine
-
-
-def without_wall_clock(release: dict) -> dict:
-    return {k: v for k, v in release.items() if k not in ("time", "run_id")}
 
 
 def test_dropped_records_are_committed_counted_and_change_no_release(tmp_path):
