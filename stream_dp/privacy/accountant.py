@@ -227,7 +227,7 @@ class Accountant:
             pending.append(cost)
             self.approximate_total += cost
             if type(event) is ApproxDPEvent:
-                self._grow(self._dpartials, float(event.delta))
+                grow(self._dpartials, float(event.delta))
         if len(pending) >= _FOLD_EVERY:
             self._fold()
 
@@ -239,13 +239,11 @@ class Accountant:
         return self._exact
 
     def _fold(self) -> None:
-        grow, exact = self._grow, self._exact
+        exact = self._exact
         for cost in self._pending:
             grow(exact, cost)
         self._pending = []
         self.approximate_total = exact[-1] if exact else 0.0
-
-    _grow = staticmethod(grow)  # Shewchuk's exact running sum (privacy/exact_sum.py)
 
     def total(self, extra: Iterable[float] = ()) -> float:
         """The exact (correctly rounded) sum of every cost, plus ``extra`` costs."""
@@ -303,7 +301,7 @@ class Accountant:
                 self.compose(event)
 
     def _add_rows(self, rows) -> None:
-        row_cost, grow, partials = self._row_cost, self._grow, self._partials
+        row_cost, partials = self._row_cost, self._partials
         for _step, code, sens, scale, eps, delta in rows:
             grow(partials, row_cost(code, sens, scale, eps, delta))
             if code == APPROX:
