@@ -377,7 +377,7 @@ def test_three_partitions_live_input_sigkill_five_times(
 ):
     """The scenario that published 5,557 steps twice with different weights.
 
-    Live input at ~150 records/s on a 3-partition topic, for as long as the kills take; the
+    Live input at ~60 records/s on a 3-partition topic, for as long as the kills take; the
     engine is SIGKILLed five times shortly after it has caught up, and restarted. Every copy of
     every step on the release topic -- aborted transactions included -- is byte-identical, a
     read_committed consumer sees each step exactly once, and the ledger equals an uninterrupted
@@ -386,7 +386,8 @@ def test_three_partitions_live_input_sigkill_five_times(
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
     create_topic(bootstrap, names["input"], partitions=3)
-    rate = 150.0
+    # Slow enough that an engine on a loaded machine (a tenth of a core) still catches up.
+    rate = 60.0
     stop_producing = threading.Event()
     produced: list[int] = [0]
 
@@ -419,10 +420,12 @@ def test_three_partitions_live_input_sigkill_five_times(
         while kills < 5:
             status.unlink(missing_ok=True)  # what the wait reads must come from this process
             proc = _start_engine(config_path, log)
-            # Caught up: the lag is 0 at a step past the previous kill's.
+            # Caught up (within about a second of input) at a step past the previous kill's.
             s = _wait_for(
                 status,
-                lambda s, step=step: s.get("consumer_lag") == 0 and s.get("step", 0) > step + 50,
+                lambda s, step=step: (s.get("consumer_lag") is not None
+                                      and s["consumer_lag"] <= rate
+                                      and s.get("step", 0) > step + 50),  # fmt: skip
                 proc,
                 ENGINE_CATCHES_UP,
             )

@@ -177,7 +177,11 @@ def test_run_on_kafka_as_written(tmp_path: Path, kafka_client: str) -> None:
             if current.get("records") == sent + bad and current.get("pending_messages") == 0:
                 break
             time.sleep(0.2)  # polling interval of a bounded wait
-        assert current.get("learned") == sent and current.get("dead_letters") == bad, current
+        assert current.get("learned") == sent and current.get("dead_letters") == bad, (
+            current,
+            engine.poll(),
+            log.read_text()[-3000:],
+        )
 
         watch = bash("\n".join(second[:-1]), env, timeout=300)
         assert watch.returncode == 0, watch.stderr[-3000:]
