@@ -14,11 +14,11 @@ the test split is only scored), R = D = 1, and OnPairMF's data-independent rules
 window and step size from n, ε, δ; for a unit-level learner n is the number of events the bound
 admits, which depends on the persons' keys only).
 
-It prints the events-per-person distribution, and for each k ∈ {1, 2, 4, 8} (b =
-:data:`SEPARATION`, or ``--min-separation``) the share of events the bound drops, Δ_k/Δ_1, the
-event-level ε of the same noise, and the test AUC of the released model at unit-level
-ε ∈ {1, 4} (mean ± std over noise seeds 0…4; the seeds are integers, ``reproducible=True``:
-measurement runs, not private deployments).
+It prints the events-per-person distribution, and for each k ∈ {1, 2, 4, 8} (b the learner's
+default, window + 1; ``--min-separation B``, or ``--spread`` for :func:`spread_separation`'s
+⌊H/k⌋) the share of events the bound drops, Δ_k/Δ_1, the event-level ε of the same noise, and
+the test AUC of the released model at unit-level ε ∈ {1, 4} (mean ± std over noise seeds 0…4;
+the seeds are integers, ``reproducible=True``: measurement runs, not private deployments).
 ``--reference`` adds the event-level learner (no unit: a person's guarantee is only group
 privacy) as a reference row.
 """
@@ -46,9 +46,6 @@ MAX_EVENTS_PER_PERSON = 60
 #: The tail index of the events-per-person law (Lomax): P(size ≥ s) ≈ s^(−1.2).
 TAIL = 1.2
 KS = (1, 2, 4, 8)
-#: b: a person's learned events are at least this many steps apart (about 1/17 of the stream;
-#: the default, window + 1 = 129, drops fewer events but costs more noise: see the report).
-SEPARATION = 2000
 EPSILONS = (1.0, 4.0)
 
 
@@ -83,6 +80,28 @@ def _admitted(persons: np.ndarray, k: int, b: int) -> np.ndarray:
     return ContributionBound(k, b, secret=0).admit_many(persons.tolist(), 1)
 
 
+def spread_separation(persons: np.ndarray, k: int) -> int:
+    """The largest b (at least the window + 1) with ``k·b ≤ H(b)``, H(b) the horizon in steps —
+    the events the bound admits: a rate limit of one event per H/k steps, k events spread evenly
+    over the stream. It is the widest spacing at which a unit can still give all k, and Δ_k falls
+    as b grows (docs/units.md). A function of the persons' keys alone — the skeleton, public
+    under the unit-level relation — never of features or labels; found by bisection (H(b)
+    falls as b grows).
+    """
+    floor = window_rule(len(persons)) + 1
+
+    def fits(b: int) -> bool:
+        return k * b <= int(_admitted(persons, k, b).sum())
+
+    lo, hi = floor, max(floor, len(persons) // k)
+    if not fits(lo):
+        return lo
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
 def _run(
     d, persons, X_test, epsilon: float, k: int | None, b: int | None, seed: int
 ) -> tuple[float, OnPairMF]:
@@ -109,8 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="2 seeds, k ∈ {1, 4}, ε = 4 only")
     p.add_argument("--out", type=Path, help="also write the report (Markdown) here")
     p.add_argument("--reference", action="store_true", help="add the event-level learner's row")
-    p.add_argument("--min-separation", type=int, default=SEPARATION,
-                   help=f"b (default {SEPARATION}); 0: the default, window + 1")  # fmt: skip
+    p.add_argument(
+        "--min-separation",
+        type=int,
+        default=None,
+        help="b for every k (default: the learner's, window + 1)",
+    )
+    p.add_argument("--spread", action="store_true",
+                   help="b = ⌊H/k⌋ for each k (spread_separation)")  # fmt: skip
     args = p.parse_args(argv)
     seeds = range(2 if args.quick else 5)
     ks = (1, 4) if args.quick else KS
@@ -143,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         f"95th percentile {np.percentile(sizes, 95):.0f}, max {sizes.max()}."
     )
     say()
-    b = args.min_separation or "window + 1"
+    if args.spread:
+        separation = {k: spread_separation(persons, k) for k in ks}
+        b = "⌊H/k⌋ (" + ", ".join(f"k = {k}: {v:,}" for k, v in separation.items()) + ")"
+    else:
+        separation = dict.fromkeys(ks, args.min_separation)
+        b = args.min_separation or "window + 1 (the learner's default)"
     say("Test AUC of the released model (mean ± std over noise seeds "
         f"{', '.join(map(str, seeds))}); b = {b}.")  # fmt: skip
     say()
@@ -155,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         for eps in epsilons:
             aucs, model = [], None
             for s in seeds:
-                auc, model = _run(d, persons, X_test, eps, k, args.min_separation or None, s)
+                b_k = None if k is None else separation[k]
+                auc, model = _run(d, persons, X_test, eps, k, b_k, s)
                 aucs.append(auc)
             g = model.guarantee()
             dropped = sum(model.units_dropped.values()) / n if k is not None else 0.0

@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algorithm",
         default="onpairstrc",
-        help="onpairstrc (default), onpairc, onpairmf, or an offline algorithm of "
+        help="onpairstrc (default), onpairc, onpairmf, onpairmf-units (OnPairMF per unit: k = "
+        "2 events of one unit), or an offline algorithm of "
         "stream_dp.offline (offpairstrc, offpairc, ...)",
     )
     parser.add_argument("--task", choices=("auc", "metric"), default="auc")
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="trials per neighbouring stream; a tenth plan the tests, the rest are counted "
-        "(default 100000; onpairmf 40000)",
+        "(default 100000; onpairmf 40000; onpairmf-units 20000)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the trials' noise secrets")
     parser.add_argument(

@@ -469,7 +469,8 @@ def audit(
         The budget the learner is configured with.
     trials
         Trials per world (a tenth plan the tests, the rest are counted); None: the algorithm's
-        default (:func:`stream_dp.audit.audit_settings`: 100 000, OnPairMF 40 000).
+        default (:func:`stream_dp.audit.audit_settings`: 100 000, OnPairMF 40 000,
+        onpairmf-units 20 000).
     seed
         Seed of the audit's trial secrets.
     stream_length, dim, data_radius, model_radius

@@ -9,7 +9,10 @@ learner that learns from the stream outside its budget (``docs/privacy.md``, *Pr
 preprocessing*). A metric learner followed by one of river's ``neighbors`` estimators would
 predict at about chance: :func:`check_pipeline` refuses that composition with
 :class:`UnsupportedComposition`, naming the class to use (``docs/algorithms.md``, *kNN on a
-learned metric*).
+learned metric*). It also refuses any step that learns from the records before a *unit-level*
+learner (``unit_key``): such a step's own guarantee, if it has one, is per event, so the
+pipeline's per-unit claim would be false (:func:`check_unit_level`; ``docs/privacy.md``,
+*Private preprocessing*).
 
 Steps say what they are with river's tags (``_more_tags``): :data:`PRIVATE_LEARNER` for a step
 whose guarantee covers its input, :data:`OWN_LEDGER` for a private step that charges a ledger of
@@ -37,6 +40,7 @@ __all__ = [
     "PRIVATE_LEARNER",
     "UnsupportedComposition",
     "check_pipeline",
+    "check_unit_level",
     "checked",
     "stateful",
 ]
@@ -54,7 +58,8 @@ class NonPrivatePreprocessingWarning(UserWarning):
 
 
 class UnsupportedComposition(TypeError):
-    """A river composition that would run but silently measure nothing (see the message)."""
+    """A river composition that would run but silently measure nothing, or claim a guarantee
+    it does not have (see the message)."""
 
 
 # river's base classes, whose learn_one/learn_many do nothing.
@@ -107,6 +112,63 @@ def _refuse_knn_after(steps: list) -> None:
             )
 
 
+def _unit(step):
+    """The privacy unit of a unit-level learner step (None: event-level, or not a learner)."""
+    return getattr(step, "privacy_unit", None) if PRIVATE_LEARNER in _tags(step) else None
+
+
+def refuse_before_unit_level(step, learner) -> None:
+    """Raise :class:`UnsupportedComposition`: ``step`` learns from the records that reach the
+    unit-level ``learner`` after it, and the pipeline's per-unit guarantee would be false.
+
+    A step that learns from the records is calibrated, if at all, to one record (a
+    ``PrivateScaler``'s releases: replace-one), while the learner's noise covers up to k
+    records of one unit; one unit's k records move the step's releases k times as far as the
+    step's charge allows, and every later record reaches the learner through them. Nothing
+    adds up to a guarantee per unit, so the composition is refused, not warned about.
+    """
+    unit = learner.privacy_unit
+    name, learner_name = type(step).__name__, type(learner).__name__
+    raise UnsupportedComposition(
+        f"{name} before {learner_name} (unit-level: unit_key={unit.key!r}, "
+        f"k={unit.max_events}): {name} learns from every record and its privacy (if any) is "
+        f"per event, while {learner_name}'s guarantee is per unit of up to {unit.max_events} "
+        "events, so the composition would claim a per-unit guarantee that does not hold. Scale "
+        f"with public statistics (ScaledLearner(PublicScaler(...), {learner_name}(...))) or "
+        "drop unit_key (event-level)"
+    )
+
+
+def check_unit_level(pipeline) -> None:
+    """Refuse a river pipeline in which a step that learns from the records precedes a
+    unit-level learner (:func:`refuse_before_unit_level`); any other pipeline passes.
+
+    Examples
+    --------
+    >>> from river import preprocessing
+    >>> from stream_dp.online import OnPairStrC
+    >>> learner = OnPairStrC(task="auc", epsilon=1.0, horizon=1000, features=["a"],
+    ...                      unit_key="person")
+    >>> try:
+    ...     check_unit_level(preprocessing.StandardScaler() | learner)
+    ... except UnsupportedComposition as refused:
+    ...     print(str(refused)[:58])
+    StandardScaler before OnPairStrCAUC (unit-level: unit_key=
+
+    """
+    if not isinstance(pipeline, compose.Pipeline):
+        return
+    steps = list(pipeline.steps.values())
+    for i, step in enumerate(steps):
+        if isinstance(step, compose.Pipeline):
+            check_unit_level(step)
+        elif _unit(step) is not None:
+            for prev in steps[:i]:
+                tags = _tags(prev)
+                if OWN_LEDGER in tags or PRIVATE_LEARNER in tags or stateful(prev):
+                    refuse_before_unit_level(prev, step)
+
+
 def check_pipeline(pipeline, warn: bool = True) -> list[str]:
     """The problems of a river pipeline that contains a private learner.
 
@@ -125,7 +187,8 @@ def check_pipeline(pipeline, warn: bool = True) -> list[str]:
     Raises
     ------
     UnsupportedComposition
-        A metric learner is followed by one of river's ``neighbors`` estimators.
+        A metric learner is followed by one of river's ``neighbors`` estimators, or a step that
+        learns from the records precedes a unit-level learner (:func:`check_unit_level`).
 
     Examples
     --------
@@ -143,6 +206,7 @@ def check_pipeline(pipeline, warn: bool = True) -> list[str]:
         return []
     steps = list(pipeline.steps.values())
     _refuse_knn_after(steps)
+    check_unit_level(pipeline)
     problems: list[str] = []
     for i, step in enumerate(steps):
         if PRIVATE_LEARNER in _tags(step):

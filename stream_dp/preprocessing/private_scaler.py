@@ -23,8 +23,9 @@ import warnings
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
+from river import compose
 
-from stream_dp.online.composition import OWN_LEDGER
+from stream_dp.online.composition import OWN_LEDGER, check_unit_level
 from stream_dp.preprocessing.affine import AffineScaler, check_bounds, schema_names
 from stream_dp.privacy.budget import (
     BudgetExhausted,
@@ -192,6 +193,14 @@ class PrivateScaler(AffineScaler):
 
     def _more_tags(self) -> set[str]:
         return {OWN_LEDGER}  # in a pipeline; inside ScaledLearner it shares the learner's
+
+    def __or__(self, other) -> compose.Pipeline:
+        """River's ``scaler | other``; refused before a unit-level learner, whose guarantee per
+        unit the scaler's per-event charge would void (:func:`~stream_dp.online.composition.
+        check_unit_level`)."""
+        pipeline = super().__or__(other)
+        check_unit_level(pipeline)
+        return pipeline
 
     def _init_map(self, scaled: tuple, lower: np.ndarray, upper: np.ndarray, schema) -> None:
         super()._init_map(scaled, lower, upper, schema)

@@ -16,6 +16,9 @@ preprocessing*):
 - Record ``t`` is scaled with the statistics released before it, then learned by the learner,
   then added to the scaler's running sums: the learner sees a fixed function of each record given
   public (released) statistics — post-processing of the scaler's releases.
+- A unit-level learner (``unit_key``) takes a ``PublicScaler`` only: a ``PrivateScaler``'s
+  charge is per event, the learner's guarantee per unit, and the composite would claim the
+  latter for both. The unit field goes around the scaler to the learner.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Mapping
 import numpy as np
 from river import base
 
-from stream_dp.online.composition import PRIVATE_LEARNER
+from stream_dp.online.composition import PRIVATE_LEARNER, refuse_before_unit_level
 from stream_dp.preprocessing.affine import AffineScaler
 from stream_dp.preprocessing.private_scaler import PrivateScaler
 
@@ -45,6 +48,8 @@ def _check_components(scaler, learner) -> None:
         raise ValueError("the learner has already learned: give ScaledLearner a fresh one")
     if not isinstance(scaler, PrivateScaler):
         return
+    if getattr(learner, "privacy_unit", None) is not None:
+        refuse_before_unit_level(scaler, learner)
     if scaler.budget is not None:
         raise ValueError(
             "this PrivateScaler already has a budget (its own epsilon, or another learner's): "
@@ -79,7 +84,9 @@ class ScaledLearner(base.Estimator):
         A ``PrivateScaler`` (without ``epsilon``) or a ``PublicScaler``. Its ``features``
         default to the learner's.
     learner
-        A fresh private learner (``OnPairStrC``, ``OnPairC``, …).
+        A fresh private learner (``OnPairStrC``, ``OnPairC``, …). A unit-level one
+        (``unit_key``) takes a ``PublicScaler`` only (a ``PrivateScaler`` is refused: its
+        charge is per event); its unit field bypasses the scaler.
 
     Examples
     --------
@@ -144,6 +151,19 @@ class ScaledLearner(base.Estimator):
     def step(self) -> int:
         return self.learner.step
 
+    @property
+    def privacy_unit(self):
+        """The learner's unit field and contribution bound (None: event-level)."""
+        return self.learner.privacy_unit
+
+    def _scaled(self, x):
+        """``x`` scaled, its unit field (a unit-level learner's) passed around the scaler."""
+        unit = self.learner.privacy_unit
+        if unit is None or not isinstance(x, Mapping) or unit.key not in x:
+            return self.scaler.transform_one(x)
+        key, rest = unit.split(x)
+        return {**self.scaler.transform_one(rest), unit.key: key}
+
     def describe(self) -> str:
         """Both components' plans, before any data."""
         scaler = self.scaler.describe() if hasattr(self.scaler, "describe") else repr(self.scaler)
@@ -161,17 +181,27 @@ class ScaledLearner(base.Estimator):
     def learn_one(self, x, y, **kwargs) -> None:
         """Scale ``x`` with the statistics released so far, learn it, then add it to the
         scaler's sums. An invalid record raises before either component changes."""
-        xs = self.scaler.transform_one(x)
+        xs = self._scaled(x)
         self.learner.learn_one(xs, y, **kwargs)
         if isinstance(self.scaler, PrivateScaler):
             self.scaler.learn_one(x)
 
-    def learn_many(self, X, y) -> None:
+    def learn_many(self, X, y, units=None) -> None:
         """:meth:`learn_one` on each row, in order, with the same releases of both components;
-        runs of rows between two scaler releases go through each component in one call."""
+        runs of rows between two scaler releases go through each component in one call. A
+        unit-level learner takes the rows' units as its own ``learn_many`` does (``units``, or
+        the DataFrame's unit column)."""
         labels = list(y)
         if len(X) != len(labels):
             raise ValueError(f"X has {len(X)} rows but y has {len(labels)} labels")
+        unit = self.learner.privacy_unit
+        if unit is not None:
+            # Only a PublicScaler gets here (_check_components): it learns nothing.
+            units, rest = unit.split_batch(X, units)
+            self.learner.learn_many(self.scaler.transform_many(rest), labels, units=units)
+            return
+        if units is not None:
+            raise ValueError("units=... is for a unit-level learner (give it unit_key)")
         scaler = self.scaler
         A, k = scaler.rows(X)
         if A is None:
@@ -235,17 +265,17 @@ class ScaledClassifier(ScaledLearner, base.Classifier):
     """``ScaledLearner`` with a ranking learner: a river binary classifier."""
 
     def score_one(self, x) -> float:
-        return self.learner.score_one(self.scaler.transform_one(x))
+        return self.learner.score_one(self._scaled(x))
 
     def predict_proba_one(self, x, **kwargs) -> dict[bool, float]:
-        return self.learner.predict_proba_one(self.scaler.transform_one(x))
+        return self.learner.predict_proba_one(self._scaled(x))
 
     def predict_one(self, x, **kwargs) -> bool:
-        return self.learner.predict_one(self.scaler.transform_one(x))
+        return self.learner.predict_one(self._scaled(x))
 
     def transform_one(self, x):
         """The scaled record the learner sees."""
-        return self.scaler.transform_one(x)
+        return self._scaled(x)
 
     def score_many(self, X) -> np.ndarray:
         return self._serve_many(X, "score_many")
@@ -265,13 +295,13 @@ class ScaledTransformer(ScaledLearner, base.SupervisedTransformer):
     embedding of the scaled record."""
 
     def transform_one(self, x) -> dict:
-        xs = self.scaler.transform_one(x)
+        xs = self._scaled(x)
         if not isinstance(xs, Mapping):
             xs = dict(zip(self.scaler._schema, np.asarray(xs).tolist(), strict=True))
         return self.learner.transform_one(xs)
 
     def distance(self, a, b) -> float:
-        return self.learner.distance(self.scaler.transform_one(a), self.scaler.transform_one(b))
+        return self.learner.distance(self._scaled(a), self._scaled(b))
 
 
 ScaledLearner._variants.update(classifier=ScaledClassifier, transformer=ScaledTransformer)
