@@ -31,7 +31,7 @@ from stream_dp.audit.targets import _offline_classes
 from stream_dp.online import OnPairC, OnPairStrC, PairwiseGIGA
 from stream_dp.records import InvalidRecord, clip_norm
 
-EXAMPLES = 1000
+EXAMPLES = 400  # per property, CI-sized; raise it for a deeper local search
 PROPERTY = settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -176,7 +176,7 @@ def test_unit_neighbours_never_exceed_the_certified_sensitivity(task: str, k: in
 @pytest.mark.parametrize("noise", ["blt", "tree", "independent"])
 @pytest.mark.parametrize("task", ["auc", "metric"])
 def test_unit_neighbours_many(task: str, noise: str) -> None:
-    for k, b in ((2, 1), (2, WINDOW), (3, 2), (4, WINDOW + 1), (5, 17)):
+    for k, b in ((2, 1), (3, 2), (4, WINDOW + 1)):  # b = 1, b inside, b beyond the window
         _audit(task, noise, k, b, seed=100 + k + b,
                kinds=("flip", "extreme", "opposite", "fresh"), p_list=(0.5, 0.1, 0.03))  # fmt: skip
 

@@ -292,6 +292,7 @@ def _ledger(cfg: dict, journal: bool = False):
     return ckpt, accountant_from_dict(acc_state)
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize(
     ("journal", "algorithm", "kafka_client"),
     # Both learners on both clients; where the ledger lives is the engine's affair, not the
@@ -372,6 +373,7 @@ def test_sigkill_three_times_loses_nothing(
         ledger.storage.close()
 
 
+@pytest.mark.scenario
 def test_three_partitions_live_input_sigkill_five_times(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
@@ -551,6 +553,7 @@ def test_malformed_messages_dead_lettered(
     check_release_stream(releases, n_valid, epsilon=2.0)
 
 
+@pytest.mark.scenario
 def test_broker_restart_mid_run(kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client):
     bootstrap = kafka_broker.bootstrap
     n = 6000
@@ -624,6 +627,7 @@ class _PausedSource:
         return self.inner.poll(max_records=max_records, timeout_s=timeout_s)
 
 
+@pytest.mark.scenario
 def test_outage_longer_than_every_timeout_is_ridden_out_or_ends_at_the_deadline(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
@@ -874,6 +878,7 @@ def test_a_second_instance_never_learns_beside_the_first(
     assert len({r.run_id for r in committed}) == 1, "one instance published"
 
 
+@pytest.mark.scenario
 def test_a_lost_state_directory_is_refused_and_a_kill_at_start_is_harmless(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):

@@ -203,6 +203,7 @@ def _served_at(log: Path) -> str | None:
     return found.group(1) if found else None
 
 
+@pytest.mark.scenario
 def test_scale_out_instances_on_one_machine_each_serve_their_partitions(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):

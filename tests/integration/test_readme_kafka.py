@@ -122,6 +122,7 @@ def scale_out_as_written(
     return procs
 
 
+@pytest.mark.scenario
 def test_run_on_kafka_as_written(tmp_path: Path, kafka_client: str) -> None:
     if not (REPO_ROOT / ".git").exists():
         pytest.skip("not a git checkout")

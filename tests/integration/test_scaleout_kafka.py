@@ -106,6 +106,7 @@ def _ledger(state: Path, model: str, k: int, master: str = MASTER):
     return ckpt, accountant_from_dict(OnPairStrC.ledger_state(ckpt.learner_state))
 
 
+@pytest.mark.scenario
 def test_two_instances_one_killed_then_a_third_joins(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
@@ -227,6 +228,7 @@ def _run_to_end(home: Path, cfg: dict, name: str, master: str = MASTER) -> tuple
     return rc, (home / f"engine-{name}.log").read_text()
 
 
+@pytest.mark.scenario
 def test_an_empty_state_directory_resumes_from_the_checkpoint_topic_and_tampering_is_refused(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
@@ -302,6 +304,7 @@ def test_an_empty_state_directory_resumes_from_the_checkpoint_topic_and_tamperin
 CANARY = "canary-5d1e-raw-payload"
 
 
+@pytest.mark.scenario
 def test_the_checkpoint_topic_shows_no_record_no_noise_state_no_model_without_the_master(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
@@ -396,6 +399,7 @@ def _journaled_ledger(state: Path, model: str, k: int, master: str = MASTER):
     return ckpt, ledger
 
 
+@pytest.mark.scenario
 def test_with_the_journal_partitions_move_x_to_y_to_x_through_the_checkpoint_topic(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
@@ -469,6 +473,7 @@ def _release_times(bootstrap: str, topic: str) -> list[float]:
         consumer.close()
 
 
+@pytest.mark.scenario
 def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):

@@ -44,6 +44,7 @@ def persons(n: int, count: int = 200, seed: int = 4) -> list[str]:
     return [f"person-{p}" for p in rng.choice(count, size=n, p=w / w.sum())]
 
 
+@pytest.mark.scenario
 def test_dropped_records_are_committed_counted_and_replayed_alike(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
 ):
