@@ -712,6 +712,22 @@ def _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g):
     return value
 
 
+@jitable
+def _diagonal_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):
+    """The logistic metric loss of a diagonal W: ``wᵀ(δ∘δ)`` of all partners at once (one
+    matrix-vector product with ``V = D∘D``), gradient ``Σ coef·(δ∘δ) = Vᵀcoef``."""
+    D = x - X[:n]
+    V = D * D
+    c = np.where(Y[:n] == y, 1.0, -1.0)
+    value = 0.0
+    if want_val:
+        value = np.sum(phi(c * (1.0 - np.dot(V, s))))
+    if want_grad:
+        coef = -dphi(c * (1.0 - np.dot(V, w))) * c
+        g[:] = np.dot(coef, V)
+    return value
+
+
 if NUMBA_INSTALLED:
     # Reassociation lets LLVM vectorise the dot products; only these sums change order.
     _auc_terms = njit(_auc_terms, fastmath={"reassoc", "contract"})
@@ -722,8 +738,9 @@ def buffer_terms(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee
     """Σ over the first n buffer rows of the logistic loss at ``s`` and its gradient at ``w``.
 
     The compiled fast path's form of :class:`LogisticAUCLoss` (``task`` 0, ``w`` of length d;
-    its slope cap as ``cap`` and ``knee``, 1 and −inf without one) and
-    :class:`LogisticMetricLoss` (``task`` 1, ``w`` a flattened d × d matrix): returns
+    its slope cap as ``cap`` and ``knee``, 1 and −inf without one),
+    :class:`LogisticMetricLoss` (``task`` 1, ``w`` a flattened d × d matrix) and
+    :class:`DiagonalMetricLoss` (``task`` 2, ``w`` the diagonal, length d): returns
     ``Σ_k ℓ(s; (x, y), (X_k, Y_k))`` when ``want_val`` (else 0.0) and writes
     ``Σ_k ∇ℓ(w; …)`` into ``g`` when ``want_grad`` — the served model's penalty and the
     iterate's gradient against the same partners in one pass. Sums are ordered differently
@@ -731,4 +748,6 @@ def buffer_terms(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee
     """
     if task == 0:
         return _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee)
+    if task == 2:
+        return _diagonal_terms(w, s, x, y, X, Y, n, want_val, want_grad, g)
     return _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g)

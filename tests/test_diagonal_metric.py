@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import special
 
+from stream_dp import _jit
 from stream_dp.constraints import NonnegativeBall
 from stream_dp.losses import DiagonalMetricLoss, LogisticMetricLoss
 from stream_dp.online import OnPairMF, PrivateMetricKNN
@@ -74,6 +75,7 @@ def test_starts_at_the_identity_and_refuses_other_tasks() -> None:
     assert m.model_radius_ == 2.0 and m.mf.size == 4  # D = √d; d noisy coordinates
     m.learn_one(np.zeros(4), "a")  # no partner: the first release is the start plus noise
     assert m._state.constraint.contains(m.private_weights)
+    assert (m._fast is not None) == _jit.numba_active()  # the compiled step runs it too
     with pytest.raises(ValueError, match="metric must be one of"):
         OnPairMF(task="auc", metric="diagonal", epsilon=1.0, horizon=10, features=2)
     with pytest.raises(ValueError, match="metric must be one of"):
