@@ -19,9 +19,11 @@ from stream_dp.linalg import is_pos_def, sym_eigh
 __all__ = [
     "ConstraintSet",
     "L2Ball",
+    "NonnegativeBall",
     "PSDFrobeniusBall",
     "PSDNuclearBall",
     "project_l2",
+    "project_nonnegative_l2",
     "project_psd_frobenius",
     "project_simplex_leq",
 ]
@@ -34,6 +36,19 @@ def project_l2(w, radius):
     norm = math.sqrt(np.dot(w, w))
     if norm > radius:
         w *= radius / norm
+
+
+@jitable
+def project_nonnegative_l2(w, radius):
+    """Project ``w`` in place onto ``{w ≥ 0, ‖w‖ ≤ D}``: clip at 0, then scale into the ball.
+
+    The diagonal of :func:`project_psd_frobenius`: the cone is invariant under positive scaling
+    and scaling keeps it, so the two projections in this order are the joint one.
+    """
+    for i in range(w.shape[0]):
+        if w[i] < 0.0:
+            w[i] = 0.0
+    project_l2(w, radius)
 
 
 @jitable
@@ -150,6 +165,52 @@ class L2Ball(ConstraintSet):
     def sample(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         """Uniform in the ball."""
         return _uniform_in_ball(rng, shape, self.radius)
+
+
+class NonnegativeBall(ConstraintSet):
+    """``{w ≥ 0 : ‖w‖₂ ≤ D}``: the diagonal metrics ``W = diag(w)`` of the PSD ∩ Frobenius ball.
+
+    ``diag(w)`` is PSD exactly when ``w ≥ 0`` and ``‖diag(w)‖_F = ‖w‖₂``, so this is
+    :class:`PSDFrobeniusBall` restricted to diagonal matrices, with the same diameter ``√2·D``
+    (non-negative vectors have non-negative inner products).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> NonnegativeBall(1.0).project(np.array([3.0, -4.0]))
+    array([1., 0.])
+
+    """
+
+    def __init__(self, radius: float) -> None:
+        if not (radius > 0 and math.isfinite(radius)):
+            raise ValueError(f"radius must be a positive finite number, got {radius!r}")
+        self.radius = float(radius)
+
+    def project(self, w: np.ndarray) -> np.ndarray:
+        out = np.array(w, dtype=float)
+        if out.ndim != 1:
+            raise ValueError(f"expected a vector (the diagonal of W), got shape {out.shape}")
+        project_nonnegative_l2(out, self.radius)
+        return out
+
+    def contains(self, w: np.ndarray, tol: float = 1e-9) -> bool:
+        w = np.asarray(w, dtype=float)
+        return bool(w.min(initial=0.0) >= -tol * max(1.0, self.radius)) and float(
+            np.linalg.norm(w)
+        ) <= self.radius * (1 + tol)
+
+    def project_inplace(self, flat: np.ndarray, lam: np.ndarray, V: np.ndarray) -> bool:
+        project_nonnegative_l2(flat, self.radius)
+        return False
+
+    @property
+    def diameter(self) -> float:
+        return math.sqrt(2.0) * self.radius
+
+    def sample(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        """The absolute value of a uniform point of the ball (data-independent, in the set)."""
+        return np.abs(_uniform_in_ball(rng, shape, self.radius))
 
 
 def _sym(W: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ loss               ℓ(w; z, z')                           G               L
 =================  ====================================  ==============  ==========
 LogisticAUC        φ((y − y')·wᵀ(x − x'))                ``4R``          ``4R²``
 LogisticMetric     φ(Y·(1 − (x−x')ᵀW(x−x')))              ``4R²``         ``4R⁴``
+DiagonalMetric     φ(Y·(1 − Σ_k w_k (x_k − x'_k)²))        ``4R²``         ``4R⁴``
 HingeAUC           (1 − s·wᵀ(x − x'))₊, s = (y−y')/2      ``2R``          non-smooth
 HingeMetric        (1 + τ·(x−x')ᵀW(x−x'))₊                ``4R²``         non-smooth
 =================  ====================================  ==============  ==========
@@ -45,11 +46,13 @@ __all__ = [
     "PairwiseLoss",
     "LogisticAUCLoss",
     "LogisticMetricLoss",
+    "DiagonalMetricLoss",
     "HingeAUCLoss",
     "HingeMetricLoss",
     "Regularized",
     "ContrastiveLoss",
     "get_loss",
+    "METRICS",
 ]
 
 
@@ -385,6 +388,59 @@ class LogisticMetricLoss(PairwiseLoss):
         return -dphi(c * (1.0 - u)) * c
 
 
+class DiagonalMetricLoss(LogisticMetricLoss):
+    """The logistic metric loss of Huai et al. (2020) Example 1 for a diagonal ``W = diag(w)``.
+
+    ``φ(Y·(1 − Σ_k w_k δ_k²))``: the pair statistic is ``wᵀ(δ∘δ)`` and the gradient of a pair
+    ``coef·(δ∘δ)``, the diagonal of the full loss's ``coef·δδᵀ`` — d parameters instead of
+    d², so the correlated noise moves d coordinates instead of d(d+1)/2. With ``‖x‖ ≤ R``,
+    ``‖δ∘δ‖₂ ≤ ‖δ‖₂² ≤ 4R²``, so G and L are the full metric's (``docs/privacy.md``,
+    *Diagonal metric*).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> loss = DiagonalMetricLoss()
+    >>> x, X, Y = np.array([1.0, 0.0]), np.array([[0.0, 0.5]]), np.array(["b"])
+    >>> g = loss.gradient(np.array([0.5, 0.5]), x, "a", X, Y)
+    >>> full = LogisticMetricLoss().gradient(np.eye(2) * 0.5, x, "a", X, Y)
+    >>> bool(np.allclose(g, np.diag(full)))
+    True
+
+    """
+
+    diagonal = True
+
+    def param_shape(self, dim: int) -> tuple[int, ...]:
+        return (dim,)
+
+    def _stat(self, w, D):
+        return (D * D) @ w
+
+    def _feature_sum(self, D, coef):
+        return coef @ (D * D)
+
+    def _all_pairs_blocks(self, w, X, Y, block):
+        # U_ij = K_ii + K_jj − 2K_ij with K = X diag(w) Xᵀ: the full loss's blocks at diag(w).
+        yield from super()._all_pairs_blocks(np.diag(w), X, Y, block)
+
+    def all_pairs_gradient(self, w, X, Y, block: int = 1024):
+        """The diagonal of the full loss's all-pairs gradient at ``diag(w)``: O(n²) scalar
+        work plus O(n·d) (the cross term ``Σ_ij C_ij x_ik x_jk`` is ``Σ_i x_ik (C X)_ik``)."""
+        n = len(Y)
+        if n < 2:
+            return np.zeros_like(w)
+        r, s = np.zeros(n), np.zeros(n)
+        cross = np.zeros(X.shape[1])
+        for rows, U, c in self._all_pairs_blocks(w, X, Y, block):
+            C = self._coef(U, c)
+            C[np.arange(len(rows)), rows] = 0.0
+            r[rows] += C.sum(axis=1)
+            s += C.sum(axis=0)
+            cross += np.einsum("ik,ik->k", X[rows], C @ X)
+        return ((r + s) @ (X * X) - 2.0 * cross) / (n * (n - 1))
+
+
 class HingeAUCLoss(PairwiseLoss):
     """Yang et al. (2021): ``(1 − wᵀ(x − x'))₊·1[y = +1, y' = −1]``, taken over both orders.
 
@@ -460,6 +516,9 @@ class Regularized(PairwiseLoss):
         self.task = base.task
         self.smooth = base.smooth
 
+    def param_shape(self, dim: int) -> tuple[int, ...]:
+        return self.base.param_shape(dim)
+
     def constants(self, data_radius: float, model_radius: float) -> LossConstants:
         c = self.base.constants(data_radius, model_radius)
         r = model_radius if self.center_radius is None else self.center_radius
@@ -532,6 +591,9 @@ class ContrastiveLoss:
         return grads * np.minimum(1.0, h / np.maximum(norms, 1e-300))
 
 
+#: The metric parameterisations: a full PSD matrix W, or a diagonal ``W = diag(w)``, w ≥ 0.
+METRICS = ("full", "diagonal")
+
 _LOSSES = {
     ("auc", "logistic"): LogisticAUCLoss,
     ("metric", "logistic"): LogisticMetricLoss,
@@ -540,9 +602,19 @@ _LOSSES = {
 }
 
 
-def get_loss(task: str, name: str = "logistic", **params: float) -> PairwiseLoss:
+def get_loss(
+    task: str, name: str = "logistic", metric: str = "full", **params: float
+) -> PairwiseLoss:
     """The loss for a task (``"auc"`` or ``"metric"``) by name (``"logistic"`` or ``"hinge"``);
-    ``params`` go to its constructor (``slope_cap`` of the logistic AUC loss)."""
+    ``metric="diagonal"`` the logistic metric loss of a diagonal W
+    (:class:`DiagonalMetricLoss`); ``params`` go to its constructor (``slope_cap`` of the
+    logistic AUC loss)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if metric == "diagonal":
+        if (task, name) != ("metric", "logistic"):
+            raise ValueError(f"metric='diagonal' is the logistic metric loss, not {name!r}")
+        return DiagonalMetricLoss(**params)
     try:
         kind = _LOSSES[(task, name)]
     except KeyError:
@@ -640,6 +712,22 @@ def _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g):
     return value
 
 
+@jitable
+def _diagonal_terms(w, s, x, y, X, Y, n, want_val, want_grad, g):
+    """The logistic metric loss of a diagonal W: ``wᵀ(δ∘δ)`` of all partners at once (one
+    matrix-vector product with ``V = D∘D``), gradient ``Σ coef·(δ∘δ) = Vᵀcoef``."""
+    D = x - X[:n]
+    V = D * D
+    c = np.where(Y[:n] == y, 1.0, -1.0)
+    value = 0.0
+    if want_val:
+        value = np.sum(phi(c * (1.0 - np.dot(V, s))))
+    if want_grad:
+        coef = -dphi(c * (1.0 - np.dot(V, w))) * c
+        g[:] = np.dot(coef, V)
+    return value
+
+
 if NUMBA_INSTALLED:
     # Reassociation lets LLVM vectorise the dot products; only these sums change order.
     _auc_terms = njit(_auc_terms, fastmath={"reassoc", "contract"})
@@ -650,8 +738,9 @@ def buffer_terms(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee
     """Σ over the first n buffer rows of the logistic loss at ``s`` and its gradient at ``w``.
 
     The compiled fast path's form of :class:`LogisticAUCLoss` (``task`` 0, ``w`` of length d;
-    its slope cap as ``cap`` and ``knee``, 1 and −inf without one) and
-    :class:`LogisticMetricLoss` (``task`` 1, ``w`` a flattened d × d matrix): returns
+    its slope cap as ``cap`` and ``knee``, 1 and −inf without one),
+    :class:`LogisticMetricLoss` (``task`` 1, ``w`` a flattened d × d matrix) and
+    :class:`DiagonalMetricLoss` (``task`` 2, ``w`` the diagonal, length d): returns
     ``Σ_k ℓ(s; (x, y), (X_k, Y_k))`` when ``want_val`` (else 0.0) and writes
     ``Σ_k ∇ℓ(w; …)`` into ``g`` when ``want_grad`` — the served model's penalty and the
     iterate's gradient against the same partners in one pass. Sums are ordered differently
@@ -659,4 +748,6 @@ def buffer_terms(task, d, w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee
     """
     if task == 0:
         return _auc_terms(w, s, x, y, X, Y, n, want_val, want_grad, g, cap, knee)
+    if task == 2:
+        return _diagonal_terms(w, s, x, y, X, Y, n, want_val, want_grad, g)
     return _metric_terms(d, w, s, x, y, X, Y, n, want_val, want_grad, g)

@@ -191,6 +191,10 @@ CONFIGS = {
     ),
     "mf-auc-unbounded": dict(cls=OnPairMF, task="auc", buffer=8, horizon=None),
     "mf-auc-noise-free": dict(cls=OnPairMF, task="auc", buffer=7, horizon=N, epsilon=None),
+    # (new configurations go last: a configuration's stream is seeded by its position)
+    "mf-diagonal-metric-blt": dict(
+        cls=OnPairMF, task="metric", metric="diagonal", buffer=6, horizon=200
+    ),
 }
 
 

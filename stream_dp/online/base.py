@@ -17,7 +17,7 @@ import numpy as np
 from river import base, compose
 
 from stream_dp.buffers import Buffer, make_buffer
-from stream_dp.constraints import ConstraintSet, L2Ball, PSDFrobeniusBall
+from stream_dp.constraints import ConstraintSet, L2Ball, NonnegativeBall, PSDFrobeniusBall
 from stream_dp.losses import LossConstants, PairwiseLoss, Regularized, get_loss
 from stream_dp.online.composition import checked
 from stream_dp.online.fast import CHUNK_ROWS, FastPath
@@ -86,11 +86,16 @@ class PairwiseLearner(base.Estimator):
         model_radius = self._model_radius()
         #: D actually used (the parameter, or what a subclass's rule derived from public facts).
         self.model_radius_ = model_radius
+        base_loss = self._base_loss()
         self._constraint: ConstraintSet = (
-            L2Ball(model_radius) if self.task == "auc" else PSDFrobeniusBall(model_radius)
+            L2Ball(model_radius)
+            if self.task == "auc"
+            else NonnegativeBall(model_radius)
+            if getattr(base_loss, "diagonal", False)
+            else PSDFrobeniusBall(model_radius)
         )
         self._noise = (self.noise_source or KeyedNoise)(self.seed, self.model_id)
-        self._loss = self._loss_for(Regularized, self._base_loss())
+        self._loss = self._loss_for(Regularized, base_loss)
         buffer = make_buffer(self._copy_buffer(), warn_above=self.max_buffer_warning)
         self._unit = self._make_unit(buffer, self._noise.secret)
         if self._unit is not None:  # a prediction's record may carry its unit: no feature
@@ -174,9 +179,14 @@ class PairwiseLearner(base.Estimator):
     def _on_bind(self) -> None:
         """Draw what depends on d and the secret only (OnPairC's centre)."""
 
+    def _start(self, dim: int) -> np.ndarray | None:
+        """The first iterate, from public facts only (None: the origin)."""
+        return None
+
     def _bind(self, fast: bool = True) -> None:
         self._on_bind()
-        self._state.bind(self._input.schema.dim)
+        dim = self._input.schema.dim
+        self._state.bind(dim, self._start(dim))
         if fast:
             self._fast = FastPath.build(self._state)
 

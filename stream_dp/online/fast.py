@@ -29,9 +29,22 @@ import numpy as np
 
 from stream_dp._jit import NUMBA_INSTALLED, njit, numba, numba_active
 from stream_dp.buffers import AllBuffer, FIFOBuffer, ReservoirBuffer
-from stream_dp.constraints import L2Ball, PSDFrobeniusBall, project_l2, project_psd_frobenius
+from stream_dp.constraints import (
+    L2Ball,
+    NonnegativeBall,
+    PSDFrobeniusBall,
+    project_l2,
+    project_nonnegative_l2,
+    project_psd_frobenius,
+)
 from stream_dp.huai import huai_step_size
-from stream_dp.losses import LogisticAUCLoss, LogisticMetricLoss, Regularized, buffer_terms
+from stream_dp.losses import (
+    DiagonalMetricLoss,
+    LogisticAUCLoss,
+    LogisticMetricLoss,
+    Regularized,
+    buffer_terms,
+)
 from stream_dp.online.mechanism import (
     CompiledMechanism,
     hook_admit,
@@ -58,6 +71,8 @@ CHUNK_ROWS = 2048
 
 # Buffer kinds.
 _FIFO, _ALL, _RESERVOIR = 0, 1, 2
+# Models (``task``): a linear AUC scorer, a full metric W, a diagonal metric diag(w).
+_AUC, _FULL_METRIC, _DIAGONAL_METRIC = 0, 1, 2
 
 FIELDS = (
     # the model, its loss (its slope cap and knee) and the step rule: η_t (Huai et al.) or a
@@ -144,6 +159,8 @@ def _step(S, t0, j, x, y):  # pragma: no cover - compiled
         _descend(w, S.g, n, S.divisor, eta, S.alpha, S.center, noise)
         if S.task == 0:
             project_l2(w, S.radius)
+        elif S.task == 2:
+            project_nonnegative_l2(w, S.radius)
         else:
             project_psd_frobenius(w, S.d, S.radius, S.lam_it, S.V_it)
     # The release: the mechanism's model of step t, projected onto C if it asks for it.
@@ -153,6 +170,8 @@ def _step(S, t0, j, x, y):  # pragma: no cover - compiled
         if S.project:
             if S.task == 0:
                 project_l2(rel, S.radius)
+            elif S.task == 2:
+                project_nonnegative_l2(rel, S.radius)
             else:
                 kept = project_psd_frobenius(rel, S.d, S.radius, S.lam, S.V)
         ring_push(S.win, S.wn, rs, rel, t, True, kept)
@@ -207,6 +226,13 @@ if NUMBA_INSTALLED:
     _UNCACHED_RUNS: list = []
 
 
+def _model_kind(loss: Regularized) -> int:
+    """The ``task`` code of the compiled step for a loss :meth:`FastPath.build` accepted."""
+    if loss.task == "auc":
+        return _AUC
+    return _DIAGONAL_METRIC if type(loss.base) is DiagonalMetricLoss else _FULL_METRIC
+
+
 def _runs(settings: tuple) -> tuple:
     """The compiled runs for a struct holding ``settings``. numba's on-disk cache keeps one
     index per function, naming the types of every struct it has compiled for, and reading it
@@ -247,18 +273,17 @@ class FastPath:
     @staticmethod
     def build(s: LearnerState) -> FastPath | None:
         """The fast path of this learner, or None: numba inactive, the regret history kept, or
-        a case it does not run. It runs the regularised logistic losses, the L2 and PSD ∩
-        Frobenius balls, FIFO, ``all`` and reservoir buffers, and a mechanism with a compiled
-        side (:meth:`Mechanism.compiled`)."""
+        a case it does not run. It runs the regularised logistic losses (AUC, full and diagonal
+        metric), the L2 ball, the PSD ∩ Frobenius ball and its diagonal, FIFO, ``all`` and
+        reservoir buffers, and a mechanism with a compiled side (:meth:`Mechanism.compiled`)."""
         if not numba_active() or s.regret.keep_history:
             return None
         loss = s.loss
-        if not isinstance(loss, Regularized) or type(loss.base) not in (
-            LogisticAUCLoss,
-            LogisticMetricLoss,
-        ):
+        models = {LogisticAUCLoss: L2Ball, LogisticMetricLoss: PSDFrobeniusBall,
+                  DiagonalMetricLoss: NonnegativeBall}  # fmt: skip
+        if not isinstance(loss, Regularized) or type(loss.base) not in models:
             return None
-        if type(s.constraint) not in (L2Ball, PSDFrobeniusBall):
+        if type(s.constraint) is not models[type(loss.base)]:
             return None
         if type(s.buffer) not in (FIFOBuffer, AllBuffer, ReservoirBuffer):
             return None
@@ -300,7 +325,7 @@ class FastPath:
         d = s.shape[0]
         ring = buf.ring_state() if self.kind != _RESERVOIR else np.zeros(3, dtype=np.int64)
         values = dict(
-            task=0 if s.loss.task == "auc" else 1, d=d, w=s.w, center=s.center,
+            task=_model_kind(s.loss), d=d, w=s.w, center=s.center,
             alpha=float(s.loss.alpha), radius=float(s.constraint.radius),
             eta_alpha=float(s.eta_alpha), cap=float(getattr(s.loss.base, "cap", 1.0)),
             knee=float(getattr(s.loss.base, "knee", -math.inf)), fixed=s.eta is not None,

@@ -140,8 +140,9 @@ class MetricInterface(RiverChecks, base.SupervisedTransformer):
     """Mahalanobis metric learning as a river supervised transformer.
 
     ``transform_one(x)`` returns ``W̃^{1/2}x`` keyed by feature name, so Euclidean distances in
-    the output are the learned distances ``√((a − b)ᵀW̃(a − b))``. Before the first release the
-    metric is the identity (a data-independent choice).
+    the output are the learned distances ``√((a − b)ᵀW̃(a − b))``. A diagonal metric (released
+    as the vector w of ``W̃ = diag(w)``) scales each feature by ``√w_k``. Before the first
+    release the metric is the identity (a data-independent choice).
 
     For k-nearest neighbours use :class:`~stream_dp.online.PrivateMetricKNN`. The composition
     ``metric learner | neighbors.KNNClassifier()`` is refused with
@@ -162,6 +163,11 @@ class MetricInterface(RiverChecks, base.SupervisedTransformer):
         kernel kept them (no second eigendecomposition, no d × d root), else the root."""
         key = self._served_version()
         cache = self.__dict__.get("_sqrt_cache_v")
+        if W.ndim == 1:  # a diagonal metric: W^{1/2} is the elementwise root
+            if cache is None or cache[0] != key:
+                cache = (key, np.sqrt(np.maximum(W, 0.0)), None)
+                self.__dict__["_sqrt_cache_v"] = cache
+            return cache[1] * v
         if cache is None or cache[0] != key:
             factors = self._served_factors()
             cache = (key, psd_sqrt(W), None) if factors is None else (key, *sqrt_factors(*factors))
@@ -191,7 +197,8 @@ class MetricInterface(RiverChecks, base.SupervisedTransformer):
         W = self._served_weights()
         if W is None:
             return float(math.sqrt(d @ d))
-        return float(math.sqrt(max(float(d @ W @ d), 0.0)))
+        quad = float(W @ (d * d)) if W.ndim == 1 else float(d @ W @ d)
+        return float(math.sqrt(max(quad, 0.0)))
 
     def distance_function(self) -> PrivateMetricDistance:
         """A distance callable for river's kNN that always follows this live learner."""

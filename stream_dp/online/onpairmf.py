@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from stream_dp.buffers import Buffer, FIFOBuffer
-from stream_dp.losses import get_loss
+from stream_dp.losses import METRICS, get_loss
 from stream_dp.online.base import PairwiseLearner
 from stream_dp.online.budgeted import BudgetedLearner
 from stream_dp.online.correlated import CorrelatedNoiseMechanism
@@ -27,6 +27,7 @@ __all__ = [
     "AUC_SLOPE_CAP",
     "NOMINAL_HORIZON",
     "capacity",
+    "diagonal_start",
     "radius_rule",
     "step_size_rule",
     "window_rule",
@@ -50,6 +51,26 @@ _RULE_SCALE = 200.0
 _RULE_CEILING = 5000.0
 #: D of the AUC task on an unbounded stream (no horizon: no capacity to read a radius from).
 UNBOUNDED_MODEL_RADIUS = 1.0
+
+
+#: The diagonal metric's accumulated noise at the horizon, as a fraction of D (the AUC rule's ½
+#: would move an Euclidean start by half its norm: :func:`diagonal_start`).
+DIAGONAL_NOISE_SHARE = 0.25
+
+
+def diagonal_start(dim: int, model_radius: float) -> np.ndarray:
+    """The diagonal metric's first iterate: ``w₀ = (D/√d)·1``, Euclidean distance scaled onto
+    the sphere of C (the identity itself at the default ``D = √d``) — so a stream whose noise
+    wins serves a small perturbation of Euclidean distance, not a random metric.
+    Data-independent.
+
+    Examples
+    --------
+    >>> diagonal_start(4, 1.0).tolist()
+    [0.5, 0.5, 0.5, 0.5]
+
+    """
+    return np.full(int(dim), float(model_radius) / math.sqrt(dim))
 
 
 def capacity(horizon: int, coordinates: int, term_bound: float, prefix_noise_std: float) -> float:
@@ -158,7 +179,7 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
     ----------
     task
         ``"auc"`` (logistic pairwise ranking loss, L2 ball) or ``"metric"`` (logistic metric
-        loss, PSD ∩ Frobenius ball).
+        loss, PSD ∩ Frobenius ball; see ``metric``).
     epsilon, delta
         The (ε, δ) budget of the whole stream. ``epsilon=None`` runs the same learner without
         noise (not private; a baseline).
@@ -180,7 +201,8 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
     model_radius
         D: radius of the constraint set C. ``None``: for AUC, :func:`radius_rule` of the
         stream's :func:`capacity` (from n, d, ε, δ and the mechanism — public facts, printed by
-        :meth:`describe`; :data:`UNBOUNDED_MODEL_RADIUS` without a horizon); 1 for the metric.
+        :meth:`describe`; :data:`UNBOUNDED_MODEL_RADIUS` without a horizon); 1 for the full
+        metric, √d for the diagonal one (its start, the identity, has norm √d).
     slope_cap
         κ of the capped logistic AUC loss (:class:`~stream_dp.losses.LogisticAUCLoss`):
         :data:`AUC_SLOPE_CAP` (½) by default, ``None`` for the plain logistic loss (then
@@ -228,6 +250,15 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
     min_separation
         b: steps between two learned events of one unit; ``None``: ``buffer + 1``, which keeps
         a unit's events out of each other's window (and makes Δ exact).
+    metric
+        The metric task's parameterisation: ``"full"`` (default: ``W ⪰ 0``, ``‖W‖_F ≤ D``,
+        d(d+1)/2 noisy coordinates) or ``"diagonal"`` (``W = diag(w)``, ``w ≥ 0``, ``‖w‖ ≤ D``:
+        :class:`~stream_dp.losses.DiagonalMetricLoss` on
+        :class:`~stream_dp.constraints.NonnegativeBall`, d noisy coordinates). The diagonal
+        starts at the identity (:func:`diagonal_start`, ``D = √d``) and its step size puts the
+        final iterate's accumulated noise at :data:`DIAGONAL_NOISE_SHARE`·D; its pair terms have
+        the full metric's bounds (:func:`~stream_dp.privacy.influence.pair_term_bounds`), so Δ
+        and σ are the same formula over fewer coordinates. The release is the vector w.
 
     Examples
     --------
@@ -242,6 +273,14 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
     (400, True)
     >>> bool(model.private_weights[0] > 0)  # the released model points along the signal
     True
+
+    A diagonal metric: a distance that weighs each feature, starting from Euclidean distance.
+
+    >>> labels = X[:, 0] > 0
+    >>> metric = OnPairMF(task="metric", metric="diagonal", epsilon=4.0, horizon=400, features=3)
+    >>> metric.learn_many(X, labels)
+    >>> metric.private_weights.shape, bool((metric.private_weights >= 0).all())
+    ((3,), True)
 
     """
 
@@ -276,6 +315,7 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         unit_key: str | None = None,
         max_events_per_unit: int = 1,
         min_separation: int | None = None,
+        metric: str = "full",
     ) -> None:
         self.task = task
         self.epsilon = epsilon
@@ -303,6 +343,7 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         self.unit_key = unit_key
         self.max_events_per_unit = max_events_per_unit
         self.min_separation = min_separation
+        self.metric = metric
         _check_params(self)
         self._setup(0.0)
         self._metrics = self._operator_metrics()
@@ -318,14 +359,18 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
 
     def _coordinates(self) -> int:
         d = self._input.schema.dim
-        return d if self.task == "auc" else d * (d + 1) // 2
+        return d if self.task == "auc" or self.metric == "diagonal" else d * (d + 1) // 2
 
     @property
     def _cap(self) -> float | None:
         return self.slope_cap if self.task == "auc" else None
 
     def _base_loss(self):
-        return get_loss(self.task, "logistic", **({"slope_cap": self._cap} if self._cap else {}))
+        cap = {"slope_cap": self._cap} if self._cap else {}
+        return get_loss(self.task, "logistic", metric=self.metric, **cap)
+
+    def _start(self, dim: int) -> np.ndarray | None:
+        return diagonal_start(dim, self.model_radius_) if self.metric == "diagonal" else None
 
     def _data_radius(self) -> float:
         if self.data_radius is None:
@@ -340,7 +385,9 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         if self.model_radius is not None:
             return super()._model_radius()
         if self.task != "auc":
-            return 1.0
+            # The diagonal's D = √d puts the identity itself on the sphere (diagonal_start);
+            # its pair-term bound does not grow with D (s_max < 1), so neither does σ.
+            return math.sqrt(self._input.schema.dim) if self.metric == "diagonal" else 1.0
         if self._cap is None or self._cap > 0.5:
             raise ValueError(
                 "model_radius=None (the radius rule) needs slope_cap <= 0.5, under which the "
@@ -358,11 +405,13 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
 
     def _plan(self, model_radius: float) -> tuple[MFMechanism, object]:
         """The stream's Gaussian mechanism and the budget it charges, at radius D."""
-        bounds = pair_term_bounds(self.task, self.data_radius_, model_radius, self._cap)
+        bounds = pair_term_bounds(
+            self.task, self.data_radius_, model_radius, self._cap, metric=self.metric
+        )
         pattern = window_pattern(self.window, self.window, bounds)
         horizon = None if self.horizon is None else int(self.horizon)
         factorization = make_factorization(self.noise, horizon)
-        size = int(np.prod(get_loss(self.task).param_shape(self._input.schema.dim)))
+        size = int(np.prod(self._base_loss().param_shape(self._input.schema.dim)))
         budget = None
         rho = None
         if self.epsilon is not None:
@@ -390,7 +439,10 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         else:
             G = self.constants.lipschitz
             E = mf.factorization.max_error(n)
-            eta = step_size_rule(self.model_radius_, mf.sigma, E, self._coordinates(), G, n)
+            D = self.model_radius_
+            if self.metric == "diagonal" and mf.sigma > 0:  # the noise's share of D (rule: ½)
+                D = 2.0 * DIAGONAL_NOISE_SHARE * D
+            eta = step_size_rule(D, mf.sigma, E, self._coordinates(), G, n)
         self.step_size_ = eta
         return eta, self.window
 
@@ -455,6 +507,8 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
         z = getattr(self, "capacity_", None)
         rule = "" if z is None else f" (radius rule, capacity z={z:.3g})"
         cap = "" if self._cap is None else f"; slope cap κ={self._cap:g}"
+        if self.metric == "diagonal":
+            cap += "; diagonal metric W = diag(w), w ≥ 0, from Euclidean w₀ = (D/√d)·1"
         return (
             f"{flag}{self._state.mechanism.describe()}; {budget}{cover}; window = divisor "
             f"B={self.window}; η={self.step_size_:.4g}; R={self.data_radius_:g}; "
@@ -507,6 +561,11 @@ def _check_params(m: OnPairMF) -> None:
     if m.averaging is not None and not (isinstance(m.averaging, int | float)
                                         and m.averaging >= 0):  # fmt: skip
         raise ValueError(f"averaging must be None or a number >= 0, got {m.averaging!r}")
+    if m.metric not in METRICS or (m.metric != "full" and m.task != "metric"):
+        raise ValueError(
+            f"metric must be one of {METRICS} (a parameterisation of task='metric'), got "
+            f"{m.metric!r} for task={m.task!r}"
+        )
     check_shares(m.budget_share, m.metrics_share, m.metrics_noise)
     check_unit_params(m.unit_key, m.max_events_per_unit, m.min_separation, m.features,
                       m.metrics_share)  # fmt: skip

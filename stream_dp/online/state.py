@@ -94,12 +94,13 @@ class LearnerState:
         """True once the dimension is known and the arrays exist."""
         return self.w is not None
 
-    def bind(self, dim: int) -> None:
-        """Allocate the arrays once the dimension d is known."""
+    def bind(self, dim: int, start: np.ndarray | None = None) -> None:
+        """Allocate the arrays once the dimension d is known; the iterate starts at ``start``
+        (data-independent, in C; default 0)."""
         self.shape = self.loss.param_shape(dim)
         size = int(np.prod(self.shape))
         self.buffer.bind(dim)
-        self.w = np.zeros(size)
+        self.w = np.zeros(size) if start is None else np.array(start, dtype=float).reshape(-1)
         self.ring = ReleaseRing(self.window, self.shape)
         self.mechanism.bind(self.noise, self.shape)
         center = self.loss.center

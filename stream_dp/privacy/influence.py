@@ -49,7 +49,11 @@ class PairTermBounds:
 
 
 def pair_term_bounds(
-    task: str, data_radius: float, model_radius: float, slope_cap: float | None = None
+    task: str,
+    data_radius: float,
+    model_radius: float,
+    slope_cap: float | None = None,
+    metric: str = "full",
 ) -> PairTermBounds:
     """Term bounds of the logistic pairwise losses for ``‖x‖ ≤ R`` and models in the ball ``D``.
 
@@ -69,6 +73,12 @@ def pair_term_bounds(
     * metric, ``φ(c(1 − δᵀWδ))`` with ``c = ±1``, ``W ⪰ 0``, ``‖W‖_F ≤ D``: ``δᵀWδ ∈ [0, 4R²D]``,
       ``s_max = expit(max(1, 4R²D − 1))``; one-sided ``≤ 4R²·s_max``. A changed label flips c
       while the pairing stays: two-sided ``≤ ‖sδδᵀ‖ + ‖s′δ′δ′ᵀ‖ ≤ 2·4R²·s_max``.
+    * diagonal metric (``metric="diagonal"``), ``φ(c(1 − wᵀ(δ∘δ)))`` with ``w ≥ 0``,
+      ``‖w‖ ≤ D``: the pair feature is ``δ∘δ`` with ``‖δ∘δ‖₂ = (Σ δ_k⁴)^{1/2} ≤ Σ δ_k² =
+      ‖δ‖² ≤ 4R²``, and ``0 ≤ wᵀ(δ∘δ) ≤ ‖w‖·‖δ∘δ‖ ≤ 4R²D`` (Cauchy–Schwarz), so ``s_max`` and
+      both bounds are the full metric's. They are attained (δ along one axis, w = D·e_k), so
+      the diagonal saves nothing per term: it saves coordinates — the noise moves d of them,
+      not d(d+1)/2.
 
     These are the constants of :mod:`stream_dp.losses` (``G = 4R`` and ``4R²``) times
     ``s_max``; the ``2G`` per differing pair of the certified recurrence
@@ -85,6 +95,8 @@ def pair_term_bounds(
     >>> m = pair_term_bounds("metric", data_radius=1.0, model_radius=1.0)
     >>> round(m.one_sided, 4), round(m.two_sided / m.one_sided, 6)
     (3.8103, 2.0)
+    >>> pair_term_bounds("metric", 1.0, 1.0, metric="diagonal") == m
+    True
 
     """
     R, D = float(data_radius), float(model_radius)
@@ -98,7 +110,10 @@ def pair_term_bounds(
             s_max = min(float(slope_cap), s_max)
         one = 4.0 * R * s_max
         return PairTermBounds(one, one)
+    if metric not in ("full", "diagonal") or (metric == "diagonal" and task != "metric"):
+        raise ValueError(f"metric must be 'full' or 'diagonal' (metric task), got {metric!r}")
     if task == "metric":
+        # The diagonal's feature δ∘δ and statistic wᵀ(δ∘δ) obey the full metric's bounds.
         s_max = float(special.expit(max(1.0, 4.0 * R * R * D - 1.0)))
         one = 4.0 * R * R * s_max
         return PairTermBounds(one, 2.0 * one)
