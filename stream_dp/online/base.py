@@ -275,7 +275,12 @@ class PairwiseLearner(base.Estimator):
             key, x = unit.split(x)
         xv, yv = self._input.validate(x, y)
         s = self._state
-        if not self._may_learn():
+        if s.exhausted or s.w is None:
+            if not self._may_learn():
+                self.n_rejected += 1
+                return
+        elif not s.mechanism.can_step(s.t + 1):  # _may_learn's common case, inlined
+            self._exhaust()
             self.n_rejected += 1
             return
         if unit is not None and not unit.admit(key, s.t + 1):

@@ -90,7 +90,12 @@ class AUCInterface(RiverChecks, base.Classifier):
         schema, radius = inp.schema, inp.radius
         if schema.names is None:
             return {False: 0.5, True: 0.5}
-        w, norm = self._served_and_norm()
+        s = self._state
+        ring = s.ring
+        if ring is not None and s.mechanism.publishes:  # _served_and_norm's common case
+            w, norm = ring.served_and_norm(s.smoothed)
+        else:
+            w, norm = self._served_and_norm()
         if w is None:
             return {False: 0.5, True: 0.5}
         v = schema.to_clipped(x, radius, learning=False)
