@@ -102,7 +102,11 @@ class AUCInterface(RiverChecks, base.Classifier):
         bound = norm * radius
         if bound <= 0.0:
             return {False: 0.5, True: 0.5}
-        p = min(max(0.5 * (1.0 + float(w.dot(v)) / bound), 0.0), 1.0)  # see _spread
+        p = 0.5 * (1.0 + float(w.dot(v)) / bound)  # see _spread; clipped as min(max(p, 0), 1)
+        if p < 0.0:
+            p = 0.0
+        elif p > 1.0:
+            p = 1.0
         return {False: 1.0 - p, True: p}
 
     def predict_one(self, x, **kwargs) -> bool:
