@@ -280,7 +280,7 @@ class PairwiseLearner(base.Estimator):
                 self.n_rejected += 1
                 return
         elif not s.mechanism.can_step(s.t + 1):  # _may_learn's common case, inlined
-            self._exhaust()
+            self._exhaust(stacklevel=3)  # the warning names learn_one's caller, as through it
             self.n_rejected += 1
             return
         if unit is not None and not unit.admit(key, s.t + 1):
@@ -416,7 +416,7 @@ class PairwiseLearner(base.Estimator):
             return False
         return True
 
-    def _exhaust(self) -> None:
+    def _exhaust(self, stacklevel: int = 4) -> None:
         s = self._state
         if not s.exhausted or not self.__dict__.get("_warned"):
             s.exhausted = True
@@ -426,7 +426,7 @@ class PairwiseLearner(base.Estimator):
                 f"{type(self).__name__} is exhausted at step {s.t + 1} ({why}); it keeps "
                 f"serving its release of step {self.release_step} and learns nothing more",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=stacklevel,
             )
 
     # -- what leaves the trust boundary -----------------------------------------------------------
