@@ -285,7 +285,12 @@ class PairwiseLearner(base.Estimator):
             key, x = unit.split(x)
         xv, yv = self._input.validate(x, y)
         s = self._state
-        if not self._may_learn():
+        if s.exhausted or s.w is None:
+            if not self._may_learn():
+                self.n_rejected += 1
+                return
+        elif not s.mechanism.can_step(s.t + 1):  # _may_learn's common case, inlined
+            self._exhaust(stacklevel=3)  # the warning names learn_one's caller, as through it
             self.n_rejected += 1
             return
         if unit is not None and not unit.admit(key, s.t + 1):
@@ -421,7 +426,7 @@ class PairwiseLearner(base.Estimator):
             return False
         return True
 
-    def _exhaust(self) -> None:
+    def _exhaust(self, stacklevel: int = 4) -> None:
         s = self._state
         if not s.exhausted or not self.__dict__.get("_warned"):
             s.exhausted = True
@@ -431,7 +436,7 @@ class PairwiseLearner(base.Estimator):
                 f"{type(self).__name__} is exhausted at step {s.t + 1} ({why}); it keeps "
                 f"serving its release of step {self.release_step} and learns nothing more",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=stacklevel,
             )
 
     # -- what leaves the trust boundary -----------------------------------------------------------

@@ -90,14 +90,23 @@ class AUCInterface(RiverChecks, base.Classifier):
         schema, radius = inp.schema, inp.radius
         if schema.names is None:
             return {False: 0.5, True: 0.5}
-        w, norm = self._served_and_norm()
+        s = self._state
+        ring = s.ring
+        if ring is not None and s.mechanism.publishes:  # _served_and_norm's common case
+            w, norm = ring.served_and_norm(s.smoothed)
+        else:
+            w, norm = self._served_and_norm()
         if w is None:
             return {False: 0.5, True: 0.5}
         v = schema.to_clipped(x, radius, learning=False)
         bound = norm * radius
         if bound <= 0.0:
             return {False: 0.5, True: 0.5}
-        p = min(max(0.5 * (1.0 + float(w.dot(v)) / bound), 0.0), 1.0)  # see _spread
+        p = 0.5 * (1.0 + float(w.dot(v)) / bound)  # see _spread; clipped as min(max(p, 0), 1)
+        if p < 0.0:
+            p = 0.0
+        elif p > 1.0:
+            p = 1.0
         return {False: 1.0 - p, True: p}
 
     def predict_one(self, x, **kwargs) -> bool:
