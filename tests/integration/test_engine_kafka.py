@@ -425,9 +425,11 @@ def test_three_partitions_live_input_sigkill_five_times(
             # Caught up (within about a second of input) at a step past the previous kill's.
             s = _wait_for(
                 status,
-                lambda s, step=step: (s.get("consumer_lag") is not None
-                                      and s["consumer_lag"] <= rate
-                                      and s.get("step", 0) > step + 50),  # fmt: skip
+                lambda s, step=step: (
+                    s.get("consumer_lag") is not None
+                    and s["consumer_lag"] <= rate
+                    and s.get("step", 0) > step + 50
+                ),  # fmt: skip
                 proc,
                 ENGINE_CATCHES_UP,
             )
