@@ -87,6 +87,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if unmarked:
         raise pytest.UsageError(f"Kafka integration tests without the kafka marker: {unmarked}")
+    _heaviest_files_first(items)
     if os.environ.get("STREAM_DP_ALL_CLIENTS"):
         return
     # The long Kafka scenarios (SIGKILLs, outages, scale-out: minutes each) run on the default
@@ -102,6 +103,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if other_client:
         config.hook.pytest_deselected(items=other_client)
         items[:] = [item for item in items if item not in other_client]
+
+
+def _heaviest_files_first(items: list[pytest.Item]) -> None:
+    """Order the test files by a rough cost, heaviest first, each file's tests in their order.
+
+    The workers take one file at a time (``--dist loadfile``, in this order): the long Kafka
+    files start at once, side by side, and the many short files fill in behind them, instead of
+    one worker running the Kafka files one after the other at the end of the run."""
+    cost: dict[Path, float] = {}
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        weight = (
+            60 if "scenario" in marks else 15 if "kafka" in marks else 8 if "slow" in marks else 1
+        )
+        cost[Path(item.path)] = cost.get(Path(item.path), 0.0) + weight
+    rank = {path: -c for path, c in cost.items()}
+    items.sort(key=lambda item: rank[Path(item.path)])  # stable: a file keeps its order
 
 
 def _find(name: str) -> Path | None:

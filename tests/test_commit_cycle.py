@@ -177,3 +177,19 @@ def test_a_checkpoint_that_cannot_be_written_publishes_nothing(state, tmp_path, 
     with pytest.raises(StateError, match="cannot write checkpoint .*No space left"):
         cycle.end()
     assert sink.got == [] and state.read_published() == Published(cycle.run_id, 0)
+
+
+def test_an_idle_cycle_does_not_shrink_the_next_batch(state, tmp_path):
+    # A scale-out instance polls for all its partition learners at once, at the smallest of
+    # their limits: a learner idle since long ago must offer a whole cycle, not one record.
+    clock = Clock()
+    cycle = started(cycle_over(tmp_path, Sink(state), clock=clock))
+    cycle.source.poll(max_records=1)
+    cycle.consumed(1, seconds=1.0)  # 1 s a record: half of every_seconds is 5 records
+    assert cycle.end() is True
+    clock.now += 1000.0  # idle ever since: nothing consumed, nothing produced
+    assert cycle.batch_limit() == 3, "every_records (3), not one record"
+    cycle.source.poll(max_records=1)
+    cycle.consumed(1, seconds=1.0)
+    clock.now += 8.0  # a cycle with a record in it, 2 s left: one record (1 s of learning)
+    assert cycle.batch_limit() == 1

@@ -322,7 +322,11 @@ class CommitCycle:
         if self.per_record is None:
             return 1
         if self.per_record > 0:
-            left = self.policy.every_seconds - (self.clock() - self.began)
+            # A cycle with nothing in it has all of every_seconds ahead, however long ago the
+            # last one ended: an idle partition learner must not shrink the polls of the others
+            # of its scale-out instance to one record each.
+            empty = self.since == 0 and not len(self.outbox)
+            left = self.policy.every_seconds - (0.0 if empty else self.clock() - self.began)
             limit = min(limit, int(BATCH_TIME_SHARE * left / self.per_record))
         return max(1, limit)
 
