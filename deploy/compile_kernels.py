@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from stream_dp._jit import numba_active
-from stream_dp.online import OnPairMF, OnPairStrC
+from stream_dp.online import OnPairMF, OnPairStrC, PairwiseGIGA
 
 
 def main() -> int:
@@ -28,6 +28,9 @@ def main() -> int:
         OnPairStrC(task="auc", horizon=2_000, features=features, release_every=1),
         OnPairStrC(task="metric", horizon=2_000, features=features, release_every=5),
         OnPairMF(task="auc", horizon=2_000, features=features),
+        # The non-private baseline (its struct holds no noise: kernels of their own).
+        PairwiseGIGA(task="auc", features=features),
+        PairwiseGIGA(task="metric", features=features),
     ]
     for learner in learners:
         steps = getattr(learner, "T1", 0) + 20

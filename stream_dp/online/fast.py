@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Any
 
 import numpy as np
 
@@ -238,11 +239,15 @@ def _runs(settings: tuple) -> tuple:
     index per function, naming the types of every struct it has compiled for, and reading it
     imports each type's module: a mechanism defined outside this package (a test, a notebook)
     is compiled, but not cached, so no process is ever asked to import it."""
-    if type(settings).__module__.partition(".")[0] == __name__.partition(".")[0]:
+    if _cached_runs(settings):
         return _RUNS
     if not _UNCACHED_RUNS:
         _UNCACHED_RUNS.extend((numba.njit(_run_one), numba.njit(_run_many)))
     return tuple(_UNCACHED_RUNS)
+
+
+def _cached_runs(settings: tuple) -> bool:
+    return type(settings).__module__.partition(".")[0] == __name__.partition(".")[0]
 
 
 class FastPath:
@@ -267,8 +272,19 @@ class FastPath:
         self.slots = np.zeros(max(1, buf.capacity or 1), dtype=np.int64)
         self._struct = None
         self._sources: tuple = ()
-        self._one, self._many = None, None  # the compiled runs, once the settings are known
+        # Which compiled runs (see _runs), once the settings are known. A learner holds no
+        # dispatcher itself: through one, its object graph would be numba's whole JIT (river's
+        # memory check walks it, and trips on llvmlite's weak proxies).
+        self._cached: bool | None = None
         self._entry, self._entry_for = -1, None  # see _call_one
+
+    @property
+    def _one(self) -> Any:
+        return (_RUNS if self._cached else _UNCACHED_RUNS)[0]
+
+    @property
+    def _many(self) -> Any:
+        return (_RUNS if self._cached else _UNCACHED_RUNS)[1]
 
     @staticmethod
     def build(s: LearnerState) -> FastPath | None:
@@ -321,7 +337,8 @@ class FastPath:
         self._sources = sources
         mech = s.mechanism
         settings = self.side.settings()
-        self._one, self._many = _runs(settings)
+        _runs(settings)  # compiles the uncached runs on first need
+        self._cached = _cached_runs(settings)
         d = s.shape[0]
         ring = buf.ring_state() if self.kind != _RESERVOIR else np.zeros(3, dtype=np.int64)
         values = dict(
