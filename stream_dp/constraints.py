@@ -89,9 +89,14 @@ def project_psd_frobenius(w, d, radius, lam_out, V_out):
 
 
 class ConstraintSet:
-    """Base class for closed convex sets with an exact projection."""
+    """Base class for closed convex sets with an exact projection, of radius ``D``."""
 
     radius: float
+
+    def __init__(self, radius: float) -> None:
+        if not (radius > 0 and math.isfinite(radius)):
+            raise ValueError(f"radius must be a positive finite number, got {radius!r}")
+        self.radius = float(radius)
 
     def project(self, w: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -141,11 +146,6 @@ class L2Ball(ConstraintSet):
 
     """
 
-    def __init__(self, radius: float) -> None:
-        if not (radius > 0 and math.isfinite(radius)):
-            raise ValueError(f"radius must be a positive finite number, got {radius!r}")
-        self.radius = float(radius)
-
     def project(self, w: np.ndarray) -> np.ndarray:
         out = np.array(w, dtype=float)  # a copy: project_l2 works in place
         project_l2(out.reshape(-1), self.radius)
@@ -181,11 +181,6 @@ class NonnegativeBall(ConstraintSet):
     array([1., 0.])
 
     """
-
-    def __init__(self, radius: float) -> None:
-        if not (radius > 0 and math.isfinite(radius)):
-            raise ValueError(f"radius must be a positive finite number, got {radius!r}")
-        self.radius = float(radius)
 
     def project(self, w: np.ndarray) -> np.ndarray:
         out = np.array(w, dtype=float)
@@ -238,11 +233,6 @@ class PSDFrobeniusBall(ConstraintSet):
            [0., 0.]])
 
     """
-
-    def __init__(self, radius: float) -> None:
-        if not (radius > 0 and math.isfinite(radius)):
-            raise ValueError(f"radius must be a positive finite number, got {radius!r}")
-        self.radius = float(radius)
 
     def project(self, W: np.ndarray) -> np.ndarray:
         """Symmetrise, then: positive definite (a Cholesky test) → only the ball applies (a
@@ -309,11 +299,6 @@ class PSDNuclearBall(ConstraintSet):
     Projection: eigenvalues onto ``{λ ≥ 0, Σλ ≤ D}``. ``max_norm`` (Frobenius) is D and the
     Frobenius diameter is ``√2·D``.
     """
-
-    def __init__(self, radius: float) -> None:
-        if not (radius > 0 and math.isfinite(radius)):
-            raise ValueError(f"radius must be a positive finite number, got {radius!r}")
-        self.radius = float(radius)
 
     def project(self, W: np.ndarray) -> np.ndarray:
         lam, V = np.linalg.eigh(_sym(W))
