@@ -234,20 +234,17 @@ def _model_kind(loss: Regularized) -> int:
     return _DIAGONAL_METRIC if type(loss.base) is DiagonalMetricLoss else _FULL_METRIC
 
 
-def _runs(settings: tuple) -> tuple:
-    """The compiled runs for a struct holding ``settings``. numba's on-disk cache keeps one
-    index per function, naming the types of every struct it has compiled for, and reading it
-    imports each type's module: a mechanism defined outside this package (a test, a notebook)
-    is compiled, but not cached, so no process is ever asked to import it."""
-    if _cached_runs(settings):
-        return _RUNS
+def _cached_runs(settings: tuple) -> bool:
+    """Whether a struct holding ``settings`` runs :data:`_RUNS` (True) or the uncached
+    :data:`_UNCACHED_RUNS`, compiled here on first need. numba's on-disk cache keeps one index
+    per function, naming the types of every struct it has compiled for, and reading it imports
+    each type's module: a mechanism defined outside this package (a test, a notebook) is
+    compiled, but not cached, so no process is ever asked to import it."""
+    if type(settings).__module__.partition(".")[0] == __name__.partition(".")[0]:
+        return True
     if not _UNCACHED_RUNS:
         _UNCACHED_RUNS.extend((numba.njit(_run_one), numba.njit(_run_many)))
-    return tuple(_UNCACHED_RUNS)
-
-
-def _cached_runs(settings: tuple) -> bool:
-    return type(settings).__module__.partition(".")[0] == __name__.partition(".")[0]
+    return False
 
 
 class FastPath:
@@ -272,7 +269,7 @@ class FastPath:
         self.slots = np.zeros(max(1, buf.capacity or 1), dtype=np.int64)
         self._struct = None
         self._sources: tuple = ()
-        # Which compiled runs (see _runs), once the settings are known. A learner holds no
+        # Which compiled runs (see _cached_runs), once the settings are known. A learner holds no
         # dispatcher itself: through one, its object graph would be numba's whole JIT (river's
         # memory check walks it, and trips on llvmlite's weak proxies).
         self._cached: bool | None = None
@@ -337,7 +334,6 @@ class FastPath:
         self._sources = sources
         mech = s.mechanism
         settings = self.side.settings()
-        _runs(settings)  # compiles the uncached runs on first need
         self._cached = _cached_runs(settings)
         d = s.shape[0]
         ring = buf.ring_state() if self.kind != _RESERVOIR else np.zeros(3, dtype=np.int64)
