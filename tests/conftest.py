@@ -118,8 +118,7 @@ def _heaviest_files_first(items: list[pytest.Item]) -> None:
             60 if "scenario" in marks else 15 if "kafka" in marks else 8 if "slow" in marks else 1
         )
         cost[Path(item.path)] = cost.get(Path(item.path), 0.0) + weight
-    rank = {path: -c for path, c in cost.items()}
-    items.sort(key=lambda item: rank[Path(item.path)])  # stable: a file keeps its order
+    items.sort(key=lambda item: -cost[Path(item.path)])  # stable: a file keeps its order
 
 
 def _find(name: str) -> Path | None:
