@@ -80,11 +80,12 @@ def make_data(n: int, d: int, seed: int = 0) -> dict:
     }
 
 
-def learner(task: str, d_names: tuple, buffer: int | str) -> OnPairStrC:
+def learner(task: str, d_names: tuple, buffer: int | str, **extra) -> OnPairStrC:
     return OnPairStrC(
         task=task, epsilon=1.0, delta=1e-5, horizon=None, alpha=1.0, warmup=10,
         sensitivity="certified", buffer=buffer, release_every=1, predict_with="release",
         smoothing_window=1, seed=2026, reproducible=True, features=d_names, track_regret=True,
+        **extra,
     )  # fmt: skip
 
 

@@ -202,7 +202,13 @@ class FeatureSchema:
         names = self.names
         self.last_unknown = False
         self.last_present = None
-        if isinstance(x, dict) and names is not None and len(x) == len(names):
+        # Exactly the schema's keys (the getter below finds them all), or those and the unit
+        # field the schema ignores: nothing unknown to count.
+        if (
+            isinstance(x, dict)
+            and names is not None
+            and (len(x) == len(names) or (len(x) == len(names) + 1 and self.ignored in x))
+        ):
             try:
                 vals = self._getter(x)
             except (KeyError, TypeError):
@@ -240,12 +246,15 @@ class FeatureSchema:
         """The common case in ~2 µs: exactly the schema's keys, plain finite numbers.
 
         Returns None (the general path then decides, and raises for bad input) unless ``x`` has
-        exactly the schema's keys and NumPy reads the values as floats or ints (so no strings,
-        None, complex or objects; bools make NumPy choose ``bool`` or ``object`` unless mixed
-        with floats, and are then numbers for both paths) that are all finite.
+        exactly the schema's keys (and perhaps the ignored unit field) and NumPy reads the values
+        as floats or ints (so no strings, None, complex or objects; bools make NumPy choose
+        ``bool`` or ``object`` unless mixed with floats, and are then numbers for both paths)
+        that are all finite.
         """
         names = self.names
-        if names is None or len(x) != len(names):
+        if names is None or (
+            len(x) != len(names) and not (len(x) == len(names) + 1 and self.ignored in x)
+        ):
             return None
         try:
             vals = self._getter(x)

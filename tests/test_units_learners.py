@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
+from stream_dp import _jit
 from stream_dp.online import OnPairC, OnPairMF, OnPairStrC
 from stream_dp.records import InvalidRecord
 
@@ -161,6 +162,30 @@ def test_learn_many_drops_what_learn_one_drops(cls) -> None:
     assert _final(other) == _final(many)
 
 
+@pytest.mark.parametrize("cls", [OnPairStrC, OnPairC], ids=lambda c: c.__name__)
+def test_the_compiled_unit_level_release_is_the_reference_one(cls) -> None:
+    """A unit-level output-perturbation learner runs compiled (a unit-level learner at a tenth
+    of the event-level speed would be no product) and releases what the reference step does:
+    σ from min(diam C, k·Δ_t), the ledger and both ρ's exactly, models to 1e-12."""
+    X, y, keys = _stream()
+    runs = {}
+    for numba in (False, True):
+        with _jit.use_numba(numba):
+            one, many = _make(cls, True, k=3, b=2), _make(cls, True, k=3, b=2)
+            _run_one(one, X, y, keys)
+            for lo in range(0, N, 64):
+                many.learn_many(X[lo : lo + 64], y[lo : lo + 64], units=keys[lo : lo + 64])
+        assert (one._fast is not None) == (numba and _jit.numba_active())
+        runs[numba] = (one, many)
+    ref = runs[False][0]
+    assert ref.units_dropped["max_events"] > 0 and ref.n_releases > 50
+    for model in (*runs[True], runs[False][1]):
+        _assert_same_ledger(ref, model)
+        assert model.guarantee() == ref.guarantee()
+        assert model.step == ref.step and model.release_step == ref.release_step
+        np.testing.assert_allclose(model.private_weights, ref.private_weights, rtol=0, atol=1e-12)
+
+
 # -- the rest of the contract ---------------------------------------------------------------------
 def test_event_level_says_so_and_unit_level_states_its_relation() -> None:
     event, unit = _make(OnPairMF, False), _make(OnPairMF, True, k=4, b=None)
@@ -273,3 +298,28 @@ def test_predictions_ignore_the_unit_field() -> None:
     with_unit = model.predict_proba_one(_record(X[0], "zz"))
     assert with_unit == model.predict_proba_one(_record(X[0]))
     assert model.unknown_features == 0
+
+
+def test_the_unit_field_is_read_in_place_and_never_a_feature() -> None:
+    """The learner reads the unit from ``x`` without copying it: the schema's plain-dict path
+    takes the schema's keys plus the unit field, and anything else still counts as unknown."""
+    from stream_dp.records import FeatureSchema
+
+    schema = FeatureSchema(names=tuple(NAMES))
+    schema.ignored = "uid"
+    x = _record(np.arange(D) / 4.0)
+    keyed = {**x, "uid": "ann"}
+    assert (
+        schema.to_clipped(keyed, 1.0, learning=True).tolist()
+        == schema.to_clipped(x, 1.0, learning=True).tolist()
+    )
+    assert not schema.last_unknown
+    assert schema.to_array({**x, "uid": "ann"}, learning=True).tolist() == list(x.values())
+    schema.to_array({**x, "other": 1.0}, learning=True)
+    assert schema.last_unknown
+    with pytest.raises(ValueError):  # a non-numeric feature is refused, the unit field is not
+        schema.to_array({**x, "f0": "ann", "uid": "ann"}, learning=True)
+    model = _make(OnPairStrC, True, k=2, b=1)
+    record = _record(np.arange(D) / 4.0, "ann")
+    model.learn_one(record, True)
+    assert record["uid"] == "ann" and model.step == 1 and model.unknown_features == 0

@@ -211,10 +211,7 @@ class OutputPerturbation(Mechanism):
     def compiled(
         self, buffer: Buffer, step_size: Callable[[int], float], rows: int
     ) -> _Compiled | None:
-        """Noise rows in blocks (:meth:`KeyedNoise.block`) of the default keyed noise only;
-        event-level only (the compiled release calibrates to one record's Δ_t)."""
-        if self.max_events != 1:
-            return None
+        """Noise rows in blocks (:meth:`KeyedNoise.block`) of the default keyed noise only."""
         if type(self.noise) is not KeyedNoise or rows_per_block(int(np.prod(self.shape))) < 2:
             return None
         return _Compiled(self, buffer, step_size, rows)
@@ -283,6 +280,10 @@ class OutputPerturbationSettings(NamedTuple):
     paper: bool
     paper_G: float
     paper_alpha: float
+    #: k, the events of one unit a release is calibrated to (1: event-level): the release's Δ
+    #: is ``min(diam C, k·Δ_t)``
+    #: (:func:`~stream_dp.privacy.unit_sensitivity.replaced_events_bound`).
+    k: int
     #: The release plan (:func:`~stream_dp.huai.is_release_step`).
     T1: int
     every: int
@@ -293,6 +294,7 @@ class OutputPerturbationSettings(NamedTuple):
     rhos: np.ndarray
     out_step: np.ndarray
     out_sens: np.ndarray
+    out_event: np.ndarray
     out_sigma: np.ndarray
     #: Releases made in the run so far (one value; the run's ``begin`` hook resets it).
     count: np.ndarray
@@ -314,13 +316,15 @@ def _observe(s, t, eta, n, ids):  # pragma: no cover - compiled
 def _release(s, t, w, bound):  # pragma: no cover - compiled
     # σ = Δ/√(2ρ_k) for the k-th release, Δ the certified bound (or Lemma 4's, never below).
     r = s.count[0]
-    sens = bound
+    event = bound
     if s.paper:
-        sens = max(huai_sensitivity(s.paper_G, s.paper_alpha, t), bound)
+        event = max(huai_sensitivity(s.paper_G, s.paper_alpha, t), bound)
+    sens = event if s.k == 1 else min(s.consts[3], s.k * event)
     sigma = release_sigma(sens, s.rhos[r])
     noise = sigma * s.Z[t % s.Z.shape[0]]
     s.out_step[r] = t
     s.out_sens[r] = sens
+    s.out_event[r] = event
     s.out_sigma[r] = sigma
     s.count[0] = r + 1
     return w + noise
@@ -362,6 +366,7 @@ class _Compiled(CompiledMechanism):
         self.rhos = np.zeros(rows)
         self.out_step = np.zeros(rows, dtype=np.int64)
         self.out_sens = np.zeros(rows)
+        self.out_event = np.zeros(rows)
         self.out_sigma = np.zeros(rows)
         self.count = np.zeros(1, dtype=np.int64)
         self._held: tuple = ()  # the tracker's arrays the settings hold
@@ -376,10 +381,10 @@ class _Compiled(CompiledMechanism):
             shared=bool(tr.shared), distinct=bool(tr.distinct), tst=tr.state,
             tsb=tr.slot_bound, consts=tr.constants, paper=paper is not None,
             paper_G=float(paper[0]) if paper else 0.0,
-            paper_alpha=float(paper[1]) if paper else 1.0,
+            paper_alpha=float(paper[1]) if paper else 1.0, k=int(mech.max_events),
             T1=int(mech.warmup), every=int(mech.release_every), horizon=mech.horizon_code,
             Z=self.Z, rhos=self.rhos, out_step=self.out_step, out_sens=self.out_sens,
-            out_sigma=self.out_sigma, count=self.count,
+            out_event=self.out_event, out_sigma=self.out_sigma, count=self.count,
         )  # fmt: skip
 
     def _check_held(self) -> None:
@@ -453,3 +458,12 @@ class _Compiled(CompiledMechanism):
             steps, sens_all, sigmas = self.out_step[:r], self.out_sens[:r], self.out_sigma[:r]
             mech.budget.charge(GaussianEvents(steps, sens_all, sigmas))
         mech._charged(sens, sigma, r)
+        if mech.max_events > 1:  # in release order, as the reference step adds them
+            if r == 1:
+                mech.rho_unit_spent += gaussian_rho(sens, sigma)
+                mech.rho_event_spent += gaussian_rho(self.out_event.item(0), sigma)
+                return
+            for i in range(r):
+                sigma_i = self.out_sigma.item(i)
+                mech.rho_unit_spent += gaussian_rho(self.out_sens.item(i), sigma_i)
+                mech.rho_event_spent += gaussian_rho(self.out_event.item(i), sigma_i)

@@ -92,6 +92,8 @@ class PrivacyUnit:
     >>> unit = PrivacyUnit("person", 2, 1, secret=7, model_id="m")
     >>> unit.split({"person": "ann", "a": 1.0})
     ('ann', {'a': 1.0})
+    >>> unit.of({"person": "ann", "a": 1.0})
+    'ann'
     >>> [unit.admit("ann", t) for t in (1, 2)], unit.admit("ann", 3), unit.dropped
     ([True, True], False, {'max_events': 1, 'min_separation': 0, 'max_units': 0})
 
@@ -122,6 +124,14 @@ class PrivacyUnit:
     def dropped(self) -> dict[str, int]:
         """Dropped events by reason (:data:`~stream_dp.privacy.contribution.DROP_REASONS`)."""
         return self.bound.dropped
+
+    def of(self, x) -> object:
+        """The unit of record ``x`` (None when missing, which :meth:`admit` refuses as an
+        invalid record). ``x`` itself goes on to the learner's schema, which ignores this
+        field: no copy per record."""
+        if type(x) is dict:
+            return x.get(self.key)
+        return self.split(x)[0]
 
     def split(self, x) -> tuple[object, dict]:
         """The unit of record ``x`` and ``x`` without its unit field (a missing unit is None,

@@ -222,24 +222,25 @@ class ContributionBound:
             state = self._states_get(unit)
         except TypeError:  # unhashable: not a unit key (the cold path says why)
             state = None
-        if state is not None and type(step) is int and self.last_step < step <= MAX_STEP:
-            if (state & _COUNT_MASK) < self.max_events and (
-                step - (state >> _COUNT_BITS) >= self.min_separation
-            ):
-                self._states[unit] = (step << _COUNT_BITS) | ((state & _COUNT_MASK) + 1)
+        if state is not None and self.last_step < step <= MAX_STEP and type(step) is int:
+            count = state & _COUNT_MASK
+            if count < self.max_events and step - (state >> _COUNT_BITS) >= self.min_separation:
+                self._states[unit] = (step << _COUNT_BITS) | (count + 1)
                 self.last_step = step
                 return True
             return self._drop(state)
-        return self._admit_cold(unit, step)
+        return self._admit_cold(unit, step, state is None and type(unit) is str)
 
-    def _admit_cold(self, unit, step) -> bool:
-        """:meth:`admit` for a unit not in the cache under this name: check the step, find the
-        unit (hash and probe) or insert it, and cache it. Written out in one function: a stream
-        where many units are new takes this path often."""
-        step = self._check_step(step)
+    def _admit_cold(self, unit, step, new_name: bool = False) -> bool:
+        """:meth:`admit` for a unit not in the cache under this name (``new_name``: a str that
+        the cache was just asked for), or for an unusual step: check the step, find the unit
+        (hash and probe) or insert it, and cache it. Written out in one function, without calls
+        of its own on a new unit's path: a stream where many units are new takes it often."""
+        if type(step) is not int or not self.last_step < step <= MAX_STEP:
+            step = self._check_step(step)
         ref = unit if type(unit) is str else _reference(unit)  # RecordError: not a unit key
         states = self._states
-        state = states.get(ref)
+        state = None if new_name else states.get(ref)
         if state is None:
             h = self._copy()
             h.update(ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref)
@@ -249,8 +250,23 @@ class ContributionBound:
             while True:  # linear probing (see _probe)
                 j = _WIDTH * i
                 state = table[j + 2]
-                if state == 0:
-                    return self._insert_unit(ref, j, lo, hi, step)
+                if state == 0:  # a new unit: its first event is admitted, unless units are capped
+                    if self.max_units is not None and self._units >= self.max_units:
+                        self._dropped[2] += 1
+                        return False
+                    state = (step << _COUNT_BITS) | 1
+                    table[j] = lo
+                    table[j + 1] = hi
+                    table[j + 2] = state
+                    self._units += 1
+                    self.last_step = step
+                    if len(states) >= _RECENT:
+                        self._evict()
+                    states[ref] = state
+                    self._slots[ref] = j + 2
+                    if self._units > self._grow_at:
+                        self._resize(2 * self._capacity)  # moves units; the cache follows them
+                    return True
                 if table[j] == lo and table[j + 1] == hi:
                     break
                 i = (i + 1) & mask
@@ -265,26 +281,6 @@ class ContributionBound:
             self.last_step = step
             return True
         return self._drop(state)
-
-    def _insert_unit(self, ref: str | bytes, j: int, lo: int, hi: int, step: int) -> bool:
-        """A new unit's first event, at the empty slot j (array index): admitted."""
-        if self.max_units is not None and self._units >= self.max_units:
-            self._dropped[2] += 1
-            return False
-        table = self._table
-        state = (step << _COUNT_BITS) | 1
-        table[j] = lo
-        table[j + 1] = hi
-        table[j + 2] = state
-        self._units += 1
-        self.last_step = step
-        if len(self._states) >= _RECENT:
-            self._evict()
-        self._states[ref] = state
-        self._slots[ref] = j + 2
-        if self._units > self._grow_at:
-            self._resize(2 * self._capacity)  # moves units; the cache follows them
-        return True
 
     def _check_step(self, step) -> int:
         step = int(step)
