@@ -20,6 +20,8 @@ from stream_dp.privacy.events import GaussianEvent, gaussian_rho
 from stream_dp.privacy.gdp import rho_budget
 from stream_dp.privacy.mf import MECHANISM_NAME
 
+__all__: list[str] = []
+
 R = 0.5
 
 
