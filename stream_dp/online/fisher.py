@@ -352,8 +352,15 @@ class FisherMetric(MetricInterface):
         mf = self.mf
         flag = "" if self.private else "NOT PRIVATE: "
         cover = f"horizon n={self.horizon}" if self.horizon is not None else "unbounded stream"
+        noise = (
+            f"correlated Gaussian noise on the class statistics ({mf.factorization.name}): "
+            f"Δ={mf.sensitivity:.4g}, σ={mf.sigma:.4g}, one charge ρ={mf.charged_rho:.4g} for "
+            "the whole stream"
+            if mf.private
+            else "no noise"
+        )
         return (
-            f"{flag}{self._mechanism.describe()}; {cover}; class statistics of x clipped to "
+            f"{flag}{noise}; {cover}; class statistics of x clipped to "
             f"R={float(self.data_radius):g}, Δ_v={mf.pattern[0]:.4g}, "
             f"λ={count_weight(self.data_radius):g}; "
             f"weights: Fisher scores above {NOISE_THRESHOLD:g}× the noise, power "
