@@ -219,3 +219,19 @@ def test_river_check_estimator(reproducible):
     if not reproducible:
         params = {**params, "seed": None, "reproducible": False}
     checks.check_estimator(FisherMetric(**params))
+
+
+def test_a_checkpoint_resumes_with_the_same_noise_and_one_charge():
+    X, y = _stream(60)
+    straight = _metric(4, n=60)
+    straight.learn_many(X, y)
+    first = _metric(4, n=60)
+    first.learn_many(X[:25], y[:25])
+    state = first.state_dict()
+    resumed = _metric(4, n=60)
+    resumed.load_state_dict(state)
+    resumed.learn_many(X[25:], y[25:])
+    assert np.array_equal(resumed.release_vector, straight.release_vector)
+    assert len(resumed.accountant.ledger) == 1 and resumed.step == 60
+    with pytest.raises(ValueError, match="parameters"):
+        _metric(4, n=61).load_state_dict(state)

@@ -56,6 +56,8 @@ SCORE_POWER = 0.5
 #: feature of a record spread evenly on the sphere ‖x‖ = R), so that a near-constant feature
 #: cannot take all the weight.
 FLOOR_SHARE = 0.1
+#: The layout of :meth:`FisherMetric.state_dict`; checkpoints of another layout are refused.
+STATE_FORMAT = 1
 #: The factorizations the class statistics stream with (their prefix-noise variance is
 #: ``factorization.max_error(t)``).
 NOISES = ("blt", "independent")
@@ -463,6 +465,44 @@ class FisherMetric(MetricInterface):
     @property
     def _schema(self):
         return self._input.schema
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to resume exactly: the released sums, the step, the noise secret
+        and recurrence state, the ledger. It holds the secret: store it like the data."""
+        mechanism = self._mechanism.state_dict() if self._bound else None
+        return {
+            "format": STATE_FORMAT,
+            "class": type(self).__name__,
+            "params": self._get_params(),
+            "t": self._t,
+            "sums": self._sums.tolist(),
+            "input": self._input.state_dict(),
+            "secret": self._noise.secret,
+            "mechanism": mechanism,
+            "exhausted": self._exhausted,
+            "n_rejected": self.n_rejected,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict` (of a learner with the same parameters): the next
+        record is learned with the noise row and the ledger it would have had."""
+        if state.get("format") != STATE_FORMAT or state.get("class") != type(self).__name__:
+            raise ValueError(f"not a {type(self).__name__} state of this layout")
+        if state["params"] != self._get_params():
+            raise ValueError("the checkpoint's parameters are not this learner's")
+        self._input.load_state_dict(state["input"])
+        self._noise = KeyedNoise(int(state["secret"]), self.model_id)
+        self._bound = False
+        if state["mechanism"] is not None:
+            self._mechanism.bind(self._noise, self._sums.shape)
+            self._bound = True
+            self._mechanism.load_state_dict(state["mechanism"])
+        self._sums = np.asarray(state["sums"], dtype=float)
+        self._t = int(state["t"])
+        self._exhausted = bool(state["exhausted"])
+        self.n_rejected = int(state["n_rejected"])
+        self._weights = None
 
 
 def _check_params(m: FisherMetric) -> None:
