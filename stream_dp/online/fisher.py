@@ -297,7 +297,9 @@ class FisherMetric(MetricInterface):
 
     @classmethod
     def _unit_test_params(cls):
-        features = ("gallup", "ipsos", "morning_consult", "ordinal_date", "rasmussen", "you_gov")
+        from stream_dp.online.params import river_check_params
+
+        features = river_check_params("metric")["features"]  # river feeds it TrumpApproval
         yield {"epsilon": 4.0, "horizon": 10_000, "features": features, "seed": 42,
                "reproducible": True}  # fmt: skip
 
