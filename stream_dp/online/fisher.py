@@ -28,6 +28,7 @@ from stream_dp.online.composition import LEARNED_METRIC, PRIVATE_LEARNER, checke
 from stream_dp.online.correlated import CorrelatedNoiseMechanism
 from stream_dp.online.inputs import RecordInput
 from stream_dp.online.interfaces import MetricInterface
+from stream_dp.online.params import river_check_params
 from stream_dp.privacy.budget import BudgetSlice, PrivacyBudget, zcdp_budget
 from stream_dp.privacy.mf import MFMechanism, make_factorization
 from stream_dp.privacy.noise import KeyedNoise
@@ -297,8 +298,6 @@ class FisherMetric(MetricInterface):
 
     @classmethod
     def _unit_test_params(cls):
-        from stream_dp.online.params import river_check_params
-
         features = river_check_params("metric")["features"]  # river feeds it TrumpApproval
         yield {"epsilon": 4.0, "horizon": 10_000, "features": features, "seed": 42,
                "reproducible": True}  # fmt: skip
