@@ -21,9 +21,10 @@ Four sections, one process:
    over the chunk pairs (robust to a burst on one chunk), for each of ``--repeats`` runs.
    Criterion: the median run ≤ 15 %, at d = 32 (the dict path docs/performance.md holds to
    river) and at d = 8 (the cheapest learner step).
-3. **Δ_k / Δ_1** for OnPairMF on bank's settings (n = 35 169, window 128, AUC, R = D = 1) and for
-   an unbounded stream (``unbounded_blt()``): the certified unit-level sensitivity and the ρ
-   multiplier ``(Δ_k/Δ_1)²`` at the same σ, for k ∈ {1, 2, 4, 8} and b ∈ {1, 129, 1 000, n/4}.
+3. **Δ_k / Δ_1** for OnPairMF on bank's settings (n = 35 169, window 128, AUC at the learner's
+   defaults: R = ½, slope cap ½) and for an unbounded stream (``unbounded_blt()``): the
+   certified unit-level sensitivity and the ρ multiplier ``(Δ_k/Δ_1)²`` at the same σ, for
+   k ∈ {1, 2, 4, 8} and b ∈ {1, 129, 1 000, n/4}.
 4. **Unbounded horizon.** OnPairMF's released noise std at t ∈ {10⁴, 10⁶, 10⁸} with
    ``horizon=None``, relative to ``OnPairMF(horizon=t)``, for the BLT fitted at 2²⁰ (before) and
    :func:`~stream_dp.privacy.unbounded_blt.unbounded_blt` (now).
@@ -53,7 +54,6 @@ from throughput import learner, make_data  # noqa: E402
 from stream_dp.online import OnPairMF  # noqa: E402
 from stream_dp.privacy.blt import BLT  # noqa: E402
 from stream_dp.privacy.contribution import MAX_EVENTS, ContributionBound  # noqa: E402
-from stream_dp.privacy.influence import pair_term_bounds, window_pattern  # noqa: E402
 from stream_dp.privacy.unbounded_blt import unbounded_blt  # noqa: E402
 from stream_dp.privacy.unit_sensitivity import unit_sensitivity  # noqa: E402
 
@@ -173,7 +173,8 @@ def cost(records: int, chunk: int, d: int, buffer: int, keys: str = "zipf") -> d
 
 def delta_table() -> list[tuple]:
     n = 35_169
-    u = window_pattern(128, 128, pair_term_bounds("auc", 1.0, 1.0))
+    # The influence pattern of OnPairMF's AUC defaults (R = ½, slope cap ½) with bank's window.
+    u = OnPairMF(task="auc", epsilon=1.0, delta=1e-5, horizon=n, features=8, buffer=128).mf.pattern
     f, unbounded = BLT.fit(n), unbounded_blt()
     rows = []
     for b in (1, 129, 1000, n // 4):
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
               + f" %); admit alone {statistics.median(r['admit_us'] for r in runs):.2f} µs"
               f"{judgement}")  # fmt: skip
 
-    print("3. OnPairMF Δ_k/Δ_1 on bank's settings (n = 35 169, window 128, BLT):")
+    print("3. OnPairMF Δ_k/Δ_1 on bank's settings (n = 35 169, window 128, AUC defaults, BLT):")
     print("   | k | b | Δ_k | Δ_k/Δ_1 | ρ × (same σ) | exact | unbounded Δ_k/Δ_1 | s |")
     print("   |---|---|---|---|---|---|---|---|")
     for k, b, delta, ratio, exact, inf, sec in delta_table():

@@ -419,7 +419,9 @@ def online_target(
     cls = _online_class(algorithm)
     design = design or canary_design()
     multiplier = _check_multiplier(noise_multiplier)
-    return _OnlineTarget(cls, design, epsilon, delta, multiplier, learner_params)
+    target = _OnlineTarget(cls, design, epsilon, delta, multiplier, learner_params)
+    target.algorithm = algorithm  # the name audited ("onpairmf-units" is OnPairMF per unit)
+    return target
 
 
 def offline_target(
