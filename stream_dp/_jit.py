@@ -22,20 +22,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import hashlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 __all__ = [
     "NOTICE_AFTER_SECONDS",
     "NUMBA_INSTALLED",
+    "cache_dir",
     "compiled_body",
     "jitable",
     "njit",
     "numba",
     "numba_active",
+    "source_digest",
+    "tree_digest",
     "use_numba",
 ]
 
@@ -74,14 +80,60 @@ def compiled_body(python_fn: Callable) -> Callable:
 
 
 def njit(fn: Callable | None = None, **options) -> Callable:
-    """``numba.njit(cache=True, **options)`` when numba is installed, else ``fn`` itself."""
+    """``numba.njit(cache=True, **options)`` when numba is installed, else ``fn`` itself; the
+    machine code is cached in :func:`cache_dir`."""
 
     def wrap(f: Callable) -> Callable:
         if not NUMBA_INSTALLED:
             return f
-        return numba.njit(cache=True, **options)(f)
+        # numba picks a function's cache directory when caching is enabled, from its config:
+        # set for this decoration only, so other libraries' kernels in the process keep theirs.
+        previous = numba.config.CACHE_DIR
+        numba.config.CACHE_DIR = cache_dir()
+        try:
+            return numba.njit(cache=True, **options)(f)
+        finally:
+            numba.config.CACHE_DIR = previous
 
     return wrap if fn is None else wrap(fn)
+
+
+@functools.cache
+def source_digest() -> str:
+    """A digest of every Python source of the package (16 hex digits).
+
+    numba's cache notices edits to the file of the function it compiled, not to the hooks and
+    rules it inlines from other modules (a mechanism's release, a loss, a projection): after
+    such an edit it would load machine code that computes the old rule — the old σ, say.
+    """
+    return tree_digest(Path(__file__).resolve().parent)
+
+
+def tree_digest(root: Path) -> str:
+    """The digest of the ``*.py`` files under ``root``: their paths and contents."""
+    digest = hashlib.blake2b(digest_size=8)
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def cache_dir() -> str:
+    """Where the package's compiled kernels are cached: a directory per :func:`source_digest`,
+    so that any edit of the package compiles afresh, under ``$NUMBA_CACHE_DIR`` when set, else
+    the package's ``__pycache__/numba`` when writable, else ``~/.cache/stream_dp/numba``."""
+    base = os.environ.get("NUMBA_CACHE_DIR")
+    if not base:
+        in_tree = Path(__file__).resolve().parent / "__pycache__"
+        with contextlib.suppress(OSError):
+            in_tree.mkdir(exist_ok=True)
+        if os.access(in_tree, os.W_OK):
+            base = str(in_tree / "numba")
+        else:
+            cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+            base = os.path.join(cache_home, "stream_dp", "numba")
+    return os.path.join(base, f"stream_dp-{source_digest()}")
 
 
 def _env_allows_numba() -> bool:

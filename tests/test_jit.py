@@ -77,3 +77,28 @@ def test_numba_signals_a_compilation_with_its_dispatcher():
         assert kernel(1) == 2
     starts = [e for _, e in recorder.buffer if e.is_start]
     assert [e.data["dispatcher"].py_func for e in starts] == [probe]
+
+
+def test_the_kernels_cache_follows_every_source_of_the_package(tmp_path, monkeypatch):
+    """numba's own cache notices edits to the compiled function's file only; the package's
+    kernels are cached in a directory named by the digest of all its sources, so an edit of a
+    hook in another module (a mechanism's release, say) never loads the old machine code."""
+    from stream_dp.online import fast
+    from stream_dp.privacy import contribution  # noqa: F401 - any module: the digest covers all
+
+    for name in ("a.py", "sub/b.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    before = _jit.tree_digest(tmp_path)
+    (tmp_path / "sub/b.py").write_text("x = 2\n")
+    assert _jit.tree_digest(tmp_path) != before
+    (tmp_path / "sub/b.py").write_text("x = 1\n")
+    assert _jit.tree_digest(tmp_path) == before
+    assert _jit.cache_dir().endswith(f"stream_dp-{_jit.source_digest()}")
+    kernels = [fast._RUNS[0]] if fast._RUNS else []
+    for kernel in kernels:
+        assert kernel._cache._cache_path.startswith(_jit.cache_dir())
+    previous = numba.config.CACHE_DIR
+    kernel = _jit.njit(lambda v: v + 1)
+    assert kernel._cache._cache_path.startswith(_jit.cache_dir())
+    assert numba.config.CACHE_DIR == previous  # other libraries' kernels keep their place
