@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from .transport import Client
+from .transport import Client, GroupDescription, GroupMember
 
 __all__ = ["KafkaPythonAdmin", "KafkaPythonClient"]
 
@@ -76,6 +76,32 @@ class KafkaPythonAdmin:
         except (KeyError, TypeError):
             return None
         return entry["value"] if isinstance(entry, dict) else entry
+
+    def describe_group(self, group: str) -> GroupDescription:
+        from kafka.errors import KafkaError
+
+        found = self._admin.describe_groups([group]).get(group) or {}
+        error = found.get("error")
+        if error and "GroupIdNotFound" not in error:
+            raise KafkaError(error)
+        if error:
+            return GroupDescription(group, "Dead", ())
+        members = []
+        for m in found.get("members") or ():
+            assigned = m.get("member_assignment")
+            # Undecodable (not the consumer protocol) is left as bytes: no partitions.
+            pairs = assigned.get("assigned_partitions", ()) if isinstance(assigned, dict) else ()
+            members.append(
+                GroupMember(
+                    member_id=m["member_id"],
+                    client_id=m["client_id"],
+                    host=str(m.get("client_host", "")).lstrip("/"),
+                    assignment=tuple(
+                        sorted((t["topic"], int(k)) for t in pairs for k in t["partitions"])
+                    ),
+                )
+            )
+        return GroupDescription(group, found.get("group_state") or "Unknown", tuple(members))
 
     def close(self) -> None:
         self._admin.close()

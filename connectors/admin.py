@@ -3,8 +3,9 @@
 A misconfigured deployment must fail fast with one line that says what is wrong, not retry
 forever or look like an idle stream. :func:`connect` reaches the cluster within a deadline
 (a TCP probe first, so "connection refused" and "name does not resolve" are told apart from a
-TLS or SASL problem); the other functions describe topics, create missing ones, read a topic's
-message size limit, and look for the latest message of a key at the tail of a topic.
+TLS or SASL problem); the other functions describe topics and consumer groups, create missing
+topics, read a topic's message size limit, look for the latest message of a key at the tail of
+a topic, and read the latest message of every key of a (small, compacted) topic.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Any
 
 from . import clients
 from .clients import DEFAULT_CLIENT
-from .transport import Client, TopicAdmin
+from .transport import Client, GroupDescription, TopicAdmin
 
 __all__ = [
     "KafkaProblem",
     "connect",
+    "describe_group",
     "ensure_topic",
+    "latest_by_key",
     "latest_with_key",
     "topic_max_message_bytes",
     "topic_partitions",
@@ -202,6 +205,20 @@ def ensure_topic(
     return True
 
 
+def describe_group(admin: TopicAdmin, group: str) -> GroupDescription:
+    """The consumer group's state, members and current assignment.
+
+    Raises
+    ------
+    KafkaProblem
+        The cluster refuses to describe it (not authorised, coordinator unavailable, ...).
+    """
+    try:
+        return admin.describe_group(group)
+    except Exception as err:  # noqa: BLE001 - a one-line diagnosis
+        raise KafkaProblem(f"cannot describe consumer group {group!r}: {err}") from None
+
+
 def topic_max_message_bytes(admin: TopicAdmin, topic: str) -> int | None:
     """The topic's ``max.message.bytes`` (the broker's limit on one record batch), or None."""
     try:
@@ -299,5 +316,65 @@ def latest_with_key(
         if not found:
             return None
         return max(found.values(), key=lambda tv: tv[0])[1]
+    finally:
+        consumer.close(autocommit=False)
+
+
+def latest_by_key(
+    bootstrap_servers: str | Sequence[str],
+    topic: str,
+    *,
+    timeout_s: float = 15.0,
+    client: str | Client = DEFAULT_CLIENT,
+    **security: Any,
+) -> dict[bytes, bytes]:
+    """The value of the newest message of every key of ``topic``, read up to the end it has at
+    the call (a key whose newest message is a tombstone is left out).
+
+    Meant for small compacted topics (one message per key once compacted); no consumer group
+    is joined or committed to.
+
+    Raises
+    ------
+    kafka.errors.KafkaError
+        The cluster did not answer in time, or the topic was not read to its end in
+        ``timeout_s``.
+    """
+    from kafka import TopicPartition
+    from kafka.errors import KafkaTimeoutError
+
+    consumer = clients.client(client).consumer(
+        bootstrap_servers=bootstrap_servers,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        request_timeout_ms=int(timeout_s * 1000) + 1000,
+        bootstrap_timeout_ms=int(timeout_s * 1000),
+        **security,
+    )
+    try:
+        deadline = time.monotonic() + timeout_s
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return {}
+        ends = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        begins = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        todo = {tp for tp in tps if ends[tp] > begins[tp]}
+        consumer.assign(sorted(todo, key=lambda tp: tp.partition))
+        for tp in todo:
+            consumer.seek(tp, begins[tp])
+        # A key lives in one partition, whose records come in order: the last one read wins.
+        newest: dict[bytes, bytes | None] = {}
+        while todo:
+            if time.monotonic() >= deadline:
+                raise KafkaTimeoutError(f"topic {topic!r} not read to its end in {timeout_s:g} s")
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                for rec in records:
+                    if rec.key is not None and rec.offset < ends[tp]:
+                        newest[rec.key] = rec.value
+            for tp in list(todo):
+                # Transaction markers occupy offsets too: done when the position reaches the end.
+                if consumer.position(tp, timeout_ms=int(timeout_s * 1000)) >= ends[tp]:
+                    todo.discard(tp)
+        return {key: value for key, value in newest.items() if value is not None}
     finally:
         consumer.close(autocommit=False)
