@@ -78,12 +78,17 @@ class KafkaPythonAdmin:
         return entry["value"] if isinstance(entry, dict) else entry
 
     def describe_group(self, group: str) -> GroupDescription:
-        from kafka.errors import KafkaError
+        import kafka.errors as E
 
         found = self._admin.describe_groups([group]).get(group) or {}
-        error = found.get("error")
+        error = found.get("error")  # "[Error 69] GroupIdNotFoundError: ..." (the code is gone)
         if error and "GroupIdNotFound" not in error:
-            raise KafkaError(error)
+            # Its own class again, so a retriable one (a coordinator loading) is retried.
+            name = error.partition("] ")[2].partition(":")[0]
+            cls = getattr(E, name, None)
+            raise (
+                cls if isinstance(cls, type) and issubclass(cls, E.KafkaError) else E.KafkaError
+            )(error)
         if error:
             return GroupDescription(group, "Dead", ())
         members = []

@@ -205,18 +205,27 @@ def ensure_topic(
     return True
 
 
-def describe_group(admin: TopicAdmin, group: str) -> GroupDescription:
+def describe_group(admin: TopicAdmin, group: str, timeout_s: float = 15.0) -> GroupDescription:
     """The consumer group's state, members and current assignment.
+
+    A transient error (the group coordinator moving or loading; on a new cluster, the offsets
+    topic being created by the first look-up) is retried for ``timeout_s``.
 
     Raises
     ------
     KafkaProblem
-        The cluster refuses to describe it (not authorised, coordinator unavailable, ...).
+        The cluster refuses to describe it (not authorised, no coordinator in time, ...).
     """
-    try:
-        return admin.describe_group(group)
-    except Exception as err:  # noqa: BLE001 - a one-line diagnosis
-        raise KafkaProblem(f"cannot describe consumer group {group!r}: {err}") from None
+    from ._retry import is_retriable
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return admin.describe_group(group)
+        except Exception as err:  # noqa: BLE001 - a one-line diagnosis
+            if not is_retriable(err) or time.monotonic() >= deadline:
+                raise KafkaProblem(f"cannot describe consumer group {group!r}: {err}") from None
+        time.sleep(0.2)  # a bounded wait for the coordinator, re-asked
 
 
 def topic_max_message_bytes(admin: TopicAdmin, topic: str) -> int | None:
