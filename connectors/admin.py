@@ -241,6 +241,21 @@ def topic_max_message_bytes(admin: TopicAdmin, topic: str) -> int | None:
         return None
 
 
+def _reader(
+    bootstrap_servers: str | Sequence[str], timeout_s: float, client: str | Client, **config: Any
+) -> Any:
+    """A consumer of committed messages that joins no group, each request bounded by
+    ``timeout_s``."""
+    return clients.client(client).consumer(
+        bootstrap_servers=bootstrap_servers,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        request_timeout_ms=int(timeout_s * 1000) + 1000,
+        bootstrap_timeout_ms=int(timeout_s * 1000),
+        **config,
+    )
+
+
 #: The first window :func:`latest_with_key` reads back from a partition's end; each next one is
 #: this many times longer.
 _FIRST_WINDOW, _GROWTH = 8, 8
@@ -271,14 +286,8 @@ def latest_with_key(
     """
     from kafka import TopicPartition
 
-    consumer = clients.client(client).consumer(
-        bootstrap_servers=bootstrap_servers,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        request_timeout_ms=int(timeout_s * 1000) + 1000,
-        bootstrap_timeout_ms=int(timeout_s * 1000),
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-        **security,
+    consumer = _reader(
+        bootstrap_servers, timeout_s, client, max_partition_fetch_bytes=8 * 1024 * 1024, **security
     )
     try:
         deadline = time.monotonic() + timeout_s
@@ -352,14 +361,7 @@ def latest_by_key(
     from kafka import TopicPartition
     from kafka.errors import KafkaTimeoutError
 
-    consumer = clients.client(client).consumer(
-        bootstrap_servers=bootstrap_servers,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        request_timeout_ms=int(timeout_s * 1000) + 1000,
-        bootstrap_timeout_ms=int(timeout_s * 1000),
-        **security,
-    )
+    consumer = _reader(bootstrap_servers, timeout_s, client, **security)
     try:
         deadline = time.monotonic() + timeout_s
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]

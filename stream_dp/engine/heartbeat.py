@@ -124,7 +124,7 @@ class StatusPublisher:
             self._newest = value
             self._wake.notify()
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 3.0) -> None:
         """Send the summary handed over last (at most ``timeout`` seconds), then stop."""
         with self._wake:
             self._closing = True
@@ -163,7 +163,7 @@ class StatusPublisher:
                 )
             self._producer.send(self.topic, value=value, key=self.key)
             if flush:
-                self._producer.flush(timeout=3.0)
+                self._producer.flush(timeout=2.0)
         except Exception as err:  # noqa: BLE001 - the status must never stop the engine
             if not self._failing:
                 log.warning("cannot publish the status to topic %s: %s", self.topic, err)
