@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from ._retry import bounded_call
-from .transport import Client
+from .transport import Client, GroupDescription, GroupMember
 
 __all__ = ["ConfluentClient", "kafka_error"]
 
@@ -895,8 +895,43 @@ class ConfluentAdmin:
         entry = result.get(name)
         return None if entry is None else entry.value
 
+    def describe_group(self, group: str) -> GroupDescription:
+        from confluent_kafka import KafkaException
+
+        future = self._a.describe_consumer_groups([group], request_timeout=self.timeout_s)[group]
+        try:
+            found = future.result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            if exc.args and getattr(exc.args[0], "code", lambda: None)() == 69:
+                return GroupDescription(group, "Dead", ())  # GROUP_ID_NOT_FOUND (KIP-1043)
+            raise _raise(exc, self._errors) from None
+        members = tuple(
+            GroupMember(
+                member_id=m.member_id,
+                client_id=m.client_id,
+                host=str(m.host or "").lstrip("/"),
+                assignment=tuple(
+                    sorted((tp.topic, tp.partition) for tp in m.assignment.topic_partitions)
+                ),
+            )
+            for m in found.members
+        )
+        state = _GROUP_STATES.get(found.state.name, found.state.name.title())
+        return GroupDescription(group, state, members)
+
     def close(self) -> None:
         self._a.poll(0)
+
+
+#: librdkafka's consumer group states by the names the group coordinator gives them.
+_GROUP_STATES = {
+    "UNKNOWN": "Unknown",
+    "PREPARING_REBALANCING": "PreparingRebalance",
+    "COMPLETING_REBALANCING": "CompletingRebalance",
+    "STABLE": "Stable",
+    "DEAD": "Dead",
+    "EMPTY": "Empty",
+}
 
 
 def librdkafka_log_level(logger: logging.Logger) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from .transport import Client
+from .transport import Client, GroupDescription, GroupMember
 
 __all__ = ["KafkaPythonAdmin", "KafkaPythonClient"]
 
@@ -76,6 +76,37 @@ class KafkaPythonAdmin:
         except (KeyError, TypeError):
             return None
         return entry["value"] if isinstance(entry, dict) else entry
+
+    def describe_group(self, group: str) -> GroupDescription:
+        import kafka.errors as E
+
+        found = self._admin.describe_groups([group]).get(group) or {}
+        error = found.get("error")  # "[Error 69] GroupIdNotFoundError: ..." (the code is gone)
+        if error and "GroupIdNotFound" not in error:
+            # Its own class again, so a retriable one (a coordinator loading) is retried.
+            name = error.partition("] ")[2].partition(":")[0]
+            cls = getattr(E, name, None)
+            raise (
+                cls if isinstance(cls, type) and issubclass(cls, E.KafkaError) else E.KafkaError
+            )(error)
+        if error:
+            return GroupDescription(group, "Dead", ())
+        members = []
+        for m in found.get("members") or ():
+            assigned = m.get("member_assignment")
+            # Undecodable (not the consumer protocol) is left as bytes: no partitions.
+            pairs = assigned.get("assigned_partitions", ()) if isinstance(assigned, dict) else ()
+            members.append(
+                GroupMember(
+                    member_id=m["member_id"],
+                    client_id=m["client_id"],
+                    host=str(m.get("client_host", "")).lstrip("/"),
+                    assignment=tuple(
+                        sorted((t["topic"], int(k)) for t in pairs for k in t["partitions"])
+                    ),
+                )
+            )
+        return GroupDescription(group, found.get("group_state") or "Unknown", tuple(members))
 
     def close(self) -> None:
         self._admin.close()

@@ -3,8 +3,9 @@
 A misconfigured deployment must fail fast with one line that says what is wrong, not retry
 forever or look like an idle stream. :func:`connect` reaches the cluster within a deadline
 (a TCP probe first, so "connection refused" and "name does not resolve" are told apart from a
-TLS or SASL problem); the other functions describe topics, create missing ones, read a topic's
-message size limit, and look for the latest message of a key at the tail of a topic.
+TLS or SASL problem); the other functions describe topics and consumer groups, create missing
+topics, read a topic's message size limit, look for the latest message of a key at the tail of
+a topic, and read the latest message of every key of a (small, compacted) topic.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Any
 
 from . import clients
 from .clients import DEFAULT_CLIENT
-from .transport import Client, TopicAdmin
+from .transport import Client, GroupDescription, TopicAdmin
 
 __all__ = [
     "KafkaProblem",
     "connect",
+    "describe_group",
     "ensure_topic",
+    "latest_by_key",
     "latest_with_key",
     "topic_max_message_bytes",
     "topic_partitions",
@@ -202,6 +205,29 @@ def ensure_topic(
     return True
 
 
+def describe_group(admin: TopicAdmin, group: str, timeout_s: float = 15.0) -> GroupDescription:
+    """The consumer group's state, members and current assignment.
+
+    A transient error (the group coordinator moving or loading; on a new cluster, the offsets
+    topic being created by the first look-up) is retried for ``timeout_s``.
+
+    Raises
+    ------
+    KafkaProblem
+        The cluster refuses to describe it (not authorised, no coordinator in time, ...).
+    """
+    from ._retry import is_retriable
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return admin.describe_group(group)
+        except Exception as err:  # noqa: BLE001 - a one-line diagnosis
+            if not is_retriable(err) or time.monotonic() >= deadline:
+                raise KafkaProblem(f"cannot describe consumer group {group!r}: {err}") from None
+        time.sleep(0.2)  # a bounded wait for the coordinator, re-asked
+
+
 def topic_max_message_bytes(admin: TopicAdmin, topic: str) -> int | None:
     """The topic's ``max.message.bytes`` (the broker's limit on one record batch), or None."""
     try:
@@ -213,6 +239,21 @@ def topic_max_message_bytes(admin: TopicAdmin, topic: str) -> int | None:
         return None if value is None else int(value)
     except (TypeError, ValueError):
         return None
+
+
+def _reader(
+    bootstrap_servers: str | Sequence[str], timeout_s: float, client: str | Client, **config: Any
+) -> Any:
+    """A consumer of committed messages that joins no group, each request bounded by
+    ``timeout_s``."""
+    return clients.client(client).consumer(
+        bootstrap_servers=bootstrap_servers,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        request_timeout_ms=int(timeout_s * 1000) + 1000,
+        bootstrap_timeout_ms=int(timeout_s * 1000),
+        **config,
+    )
 
 
 #: The first window :func:`latest_with_key` reads back from a partition's end; each next one is
@@ -245,14 +286,8 @@ def latest_with_key(
     """
     from kafka import TopicPartition
 
-    consumer = clients.client(client).consumer(
-        bootstrap_servers=bootstrap_servers,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        request_timeout_ms=int(timeout_s * 1000) + 1000,
-        bootstrap_timeout_ms=int(timeout_s * 1000),
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-        **security,
+    consumer = _reader(
+        bootstrap_servers, timeout_s, client, max_partition_fetch_bytes=8 * 1024 * 1024, **security
     )
     try:
         deadline = time.monotonic() + timeout_s
@@ -299,5 +334,58 @@ def latest_with_key(
         if not found:
             return None
         return max(found.values(), key=lambda tv: tv[0])[1]
+    finally:
+        consumer.close(autocommit=False)
+
+
+def latest_by_key(
+    bootstrap_servers: str | Sequence[str],
+    topic: str,
+    *,
+    timeout_s: float = 15.0,
+    client: str | Client = DEFAULT_CLIENT,
+    **security: Any,
+) -> dict[bytes, bytes]:
+    """The value of the newest message of every key of ``topic``, read up to the end it has at
+    the call (a key whose newest message is a tombstone is left out).
+
+    Meant for small compacted topics (one message per key once compacted); no consumer group
+    is joined or committed to.
+
+    Raises
+    ------
+    kafka.errors.KafkaError
+        The cluster did not answer in time, or the topic was not read to its end in
+        ``timeout_s``.
+    """
+    from kafka import TopicPartition
+    from kafka.errors import KafkaTimeoutError
+
+    consumer = _reader(bootstrap_servers, timeout_s, client, **security)
+    try:
+        deadline = time.monotonic() + timeout_s
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return {}
+        ends = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        begins = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        todo = {tp for tp in tps if ends[tp] > begins[tp]}
+        consumer.assign(sorted(todo, key=lambda tp: tp.partition))
+        for tp in todo:
+            consumer.seek(tp, begins[tp])
+        # A key lives in one partition, whose records come in order: the last one read wins.
+        newest: dict[bytes, bytes | None] = {}
+        while todo:
+            if time.monotonic() >= deadline:
+                raise KafkaTimeoutError(f"topic {topic!r} not read to its end in {timeout_s:g} s")
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                for rec in records:
+                    if rec.key is not None and rec.offset < ends[tp]:
+                        newest[rec.key] = rec.value
+            for tp in list(todo):
+                # Transaction markers occupy offsets too: done when the position reaches the end.
+                if consumer.position(tp, timeout_ms=int(timeout_s * 1000)) >= ends[tp]:
+                    todo.discard(tp)
+        return {key: value for key, value in newest.items() if value is not None}
     finally:
         consumer.close(autocommit=False)

@@ -28,11 +28,14 @@ This module is the interface alone: it imports neither implementation, and
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "Client",
     "Consumer",
+    "GroupDescription",
+    "GroupMember",
     "GroupOffsets",
     "Producer",
     "TopicAdmin",
@@ -67,6 +70,60 @@ class GroupOffsets(dict):
     def __init__(self, offsets: Mapping[Any, Any] | Iterable[Any] = (), group_metadata: Any = None):
         super().__init__(offsets)
         self.group_metadata = group_metadata
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One member of a consumer group as the group coordinator describes it.
+
+    Attributes
+    ----------
+    member_id : str
+        The coordinator's id of the member (changes at each join).
+    client_id : str
+        The ``client_id`` the member's consumer was created with.
+    host : str
+        The address the member connected from.
+    assignment : tuple of (str, int)
+        The ``(topic, partition)`` pairs the group's current generation gives the member.
+    """
+
+    member_id: str
+    client_id: str
+    host: str
+    assignment: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    """A consumer group's state and members (``TopicAdmin.describe_group``).
+
+    Attributes
+    ----------
+    group_id : str
+    state : str
+        The coordinator's name for it: ``"Stable"``, ``"Empty"`` (no member; its committed
+        offsets kept), ``"PreparingRebalance"``, ``"CompletingRebalance"``, or ``"Dead"``
+        (the group does not exist).
+    members : tuple of GroupMember
+
+    Examples
+    --------
+    >>> g = GroupDescription("g", "Stable", (GroupMember("m-1", "c", "/10.0.0.2", (("t", 0),)),))
+    >>> g.exists, g.members[0].assignment
+    (True, (('t', 0),))
+    >>> GroupDescription("g", "Dead", ()).exists
+    False
+    """
+
+    group_id: str
+    state: str
+    members: tuple[GroupMember, ...]
+
+    @property
+    def exists(self) -> bool:
+        """Whether the coordinator knows the group (members, or committed offsets)."""
+        return self.state != "Dead"
 
 
 @runtime_checkable
@@ -111,7 +168,8 @@ class Producer(Protocol):
 
 @runtime_checkable
 class TopicAdmin(Protocol):
-    """The cluster administration the start-up checks need (:mod:`connectors.admin`)."""
+    """The cluster administration the start-up checks and ``stream-dp status`` need
+    (:mod:`connectors.admin`)."""
 
     def topic_partitions(self, topics: list[str]) -> dict[str, int | str | None]:
         """Partitions of each topic: None if it does not exist, the error's name if the
@@ -124,6 +182,11 @@ class TopicAdmin(Protocol):
 
     def topic_config(self, topic: str, name: str) -> str | None:
         """One setting of a topic, e.g. ``max.message.bytes`` (None if unknown)."""
+        ...
+
+    def describe_group(self, group: str) -> GroupDescription:
+        """The consumer group's state, members and their current assignment (state ``"Dead"``
+        and no member if the group does not exist)."""
         ...
 
     def close(self) -> None: ...

@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stream_dp.apps.merge",
         "publish the average of a per-partition model's latest releases (no budget)",
     ),
+    "status": (
+        "stream_dp.apps.status",
+        "a per-partition model across machines: each partition's owner, heartbeat, step, ε",
+    ),
 }
 
 

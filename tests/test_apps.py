@@ -1,4 +1,5 @@
-"""The ``stream-dp`` command line and its apps (``produce``, ``watch``, ``merge``) without Kafka.
+"""The ``stream-dp`` command line and its apps (``produce``, ``watch``, ``merge``, ``status``)
+without Kafka.
 
 Their Kafka paths (a missing topic, the README's commands) run against a real broker in
 tests/integration/test_apps_kafka.py and tests/integration/test_readme_kafka.py.
@@ -42,6 +43,7 @@ def test_the_top_level_help_imports_no_command():
         ("produce", ["(default: records)", "(default: bank)", "(default: 0, none)"]),
         ("watch", ["(default: releases)", "(default: 10.0)", "(default: 1)"]),
         ("merge", ["(default: releases)", "(default: 1.0)", "(default: <topic>.merged)"]),
+        ("status", ["(default: a table)"]),
     ],
 )
 def test_each_app_has_a_description_and_shows_its_defaults(command, defaults, capsys):

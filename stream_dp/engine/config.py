@@ -305,6 +305,15 @@ class ScaleConfig(_Strict):
         "messages are sealed under keys derived from the master secret: without the master "
         "they show no record, noise state or model. Let only the instances write to it.",
     )
+    status_topic: str | None = Field(
+        None,
+        description="Compacted Kafka topic (on the release topic's cluster; default "
+        "<releases topic>.status, created at start) to which every instance publishes its "
+        "status summary -- the content of its status file, no record value and no model -- at "
+        "each status report: the heartbeats `stream-dp status` shows beside the consumer "
+        "group's assignment.",
+        min_length=1,
+    )
     session_timeout_ms: int = Field(
         10_000,
         ge=1000,

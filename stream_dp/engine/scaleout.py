@@ -28,6 +28,12 @@ Each partition learner's secret is derived from the instances' shared master sec
 (:mod:`stream_dp.engine.master_secret`); checkpoints never hold the secret and are sealed
 under a key derived from it (:mod:`stream_dp.sealing`).
 
+Status
+------
+Each instance writes its own status file (a local view) and publishes the same summary to the
+status topic; ``stream-dp status`` joins those heartbeats with the consumer group's current
+assignment into the cluster's view (:mod:`stream_dp.engine.heartbeat`).
+
 Accounting
 ----------
 A person's records are all in one partition only if the producer keys records by the person
@@ -52,6 +58,12 @@ from connectors._retry import Backoff
 from stream_dp.engine.commit import MAX_BATCH
 from stream_dp.engine.config import EngineConfig
 from stream_dp.engine.errors import StateError
+from stream_dp.engine.heartbeat import (
+    StatusPublisher,
+    member_client_id,
+    status_topic,
+    status_topic_configs,
+)
 from stream_dp.engine.master_secret import check_master_secret, partition_secret
 from stream_dp.engine.metrics_snapshot import EngineSnapshot, LearnerSnapshot
 from stream_dp.engine.prometheus import MetricsServer, metrics_server
@@ -143,7 +155,9 @@ class ScaleOut:
     max_records : int, optional
         Stop after this many input messages (over all partitions).
     instance : str, optional
-        Name of this instance: its status file is ``<status stem>.<instance><suffix>``.
+        Name of this instance (default ``<host name>-<pid>``): its status file is
+        ``<status stem>.<instance><suffix>``; its group consumer's client id and the key of
+        its heartbeat on the status topic carry it (:mod:`stream_dp.engine.heartbeat`).
 
     With ``[metrics] prometheus_port`` the instance serves ``/metrics`` for all the partition
     learners it holds (:mod:`stream_dp.engine.prometheus`), from before it joins the group
@@ -193,6 +207,8 @@ class ScaleOut:
             status_file = str(path.with_name(f"{path.stem}.{instance}{path.suffix}"))
         self.status_writer = StatusWriter(status_file, None)
         self._status_clock = time.monotonic()
+        #: Publishes the status to the status topic (:mod:`stream_dp.engine.heartbeat`).
+        self._heartbeat: StatusPublisher | None = None
         #: The Prometheus endpoint of this instance (None without a configured port).
         self.metrics: MetricsServer | None = metrics_server(config)
 
@@ -345,15 +361,16 @@ class ScaleOut:
         except KafkaProblem as err:
             raise KafkaUnavailable(str(err)) from None
 
-    def _ensure_checkpoint_topic(self) -> None:
-        """Create the compacted checkpoint topic if it is configured and missing."""
+    def _ensure_topics(self) -> None:
+        """Create the compacted checkpoint topic (if configured) and the status topic if
+        missing. The status is not worth stopping for: a status topic that cannot be created
+        is a warning, and no heartbeat is published."""
         from connectors.admin import KafkaProblem, connect, ensure_topic
         from stream_dp.engine.errors import KafkaUnavailable
         from stream_dp.engine.outputs import CHECKPOINT_MESSAGE_BYTES
 
-        topic, rel = self.config.scale.checkpoint_topic, self.config.releases
-        if topic is None:
-            return
+        checkpoints, rel = self.config.scale.checkpoint_topic, self.config.releases
+        status = status_topic(self.config)
         try:
             admin = connect(
                 rel.bootstrap_servers,
@@ -363,19 +380,26 @@ class ScaleOut:
                 **rel.security,
             )
             try:
-                if ensure_topic(
+                if checkpoints is not None and ensure_topic(
                     admin,
-                    topic,
+                    checkpoints,
                     configs={
                         "cleanup.policy": "compact",
                         "max.message.bytes": str(CHECKPOINT_MESSAGE_BYTES),
                     },
                 ):
-                    log.info("created compacted checkpoint topic %s", topic)
+                    log.info("created compacted checkpoint topic %s", checkpoints)
+                try:
+                    if ensure_topic(admin, status, configs=status_topic_configs()):
+                        log.info("created compacted status topic %s", status)
+                except KafkaProblem as err:
+                    log.warning("no heartbeat on a status topic: %s", err)
+                    return
             finally:
                 admin.close()
         except KafkaProblem as err:
             raise KafkaUnavailable(str(err)) from None
+        self._heartbeat = StatusPublisher(self.config, self.instance)
 
     def _open_consumer(self) -> None:
         from connectors.clients import client
@@ -384,6 +408,8 @@ class ScaleOut:
         self._consumer = client(self.config.kafka.client).consumer(
             bootstrap_servers=src.bootstrap_servers,
             group_id=src.group_id,
+            # Names this instance to the group: `stream-dp status` maps members to instances.
+            client_id=member_client_id(self.config.model.model_id, self.instance),
             enable_auto_commit=False,
             # Every partition is sought to its learner's position before it is read; a position
             # that left the log is reported (_skip_out_of_range), never reset silently.
@@ -410,7 +436,7 @@ class ScaleOut:
         try:
             try:
                 self._check_kafka()
-                self._ensure_checkpoint_topic()
+                self._ensure_topics()
                 self._open_consumer()
                 self._publish_metrics({}, up=True)
                 self._loop()
@@ -418,7 +444,7 @@ class ScaleOut:
                 final = self._summary(parts)
                 self._publish_metrics(parts, up=False)
                 self._release_all()
-                self._write_status()  # holding nothing now
+                self._write_status(stopped=True)  # holding nothing now
             finally:
                 self.stopping.disarm()
             return final
@@ -431,6 +457,8 @@ class ScaleOut:
             self.stopping.restore()
             if self.metrics is not None:
                 self.metrics.close()
+            if self._heartbeat is not None:
+                self._heartbeat.close()
             for engine in self.engines.values():
                 engine.close()
             self.engines.clear()
@@ -680,10 +708,12 @@ class ScaleOut:
             except OSError as err:
                 log.warning("cannot update status file %s: %s", path, err)
 
-    def _write_status(self) -> None:
+    def _write_status(self, stopped: bool = False) -> None:
         self._status_clock = time.monotonic()
         parts = self._statuses()
         s = self._summary(parts)
+        if self._heartbeat is not None:
+            self._heartbeat.publish({**s, "stopped": stopped})
         log.info("partitions=%s records=%d steps=%s %s ρ=%.4g", s["partitions"], s["records"],
                  {p: v["step"] for p, v in s["by_partition"].items()}, s["composition"],
                  s["rho"])  # fmt: skip

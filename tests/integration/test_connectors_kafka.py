@@ -445,11 +445,13 @@ def test_group_rebalance_and_a_stale_generation_is_fenced(
     kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
 ) -> None:
     """Group membership as scale-out uses it: a subscribed consumer's rebalance callbacks,
-    partitions paused on assignment and read through PartitionSource; the offsets a member
-    took before a rebalance carry its old generation, and the broker refuses them (KIP-447)."""
+    partitions paused on assignment and read through PartitionSource; the coordinator
+    describes each member's client id and assignment; the offsets a member took before a
+    rebalance carry its old generation, and the broker refuses them (KIP-447)."""
     from kafka import ConsumerRebalanceListener
     from kafka.errors import NoOffsetForPartitionError
 
+    from connectors.admin import connect, describe_group
     from connectors.clients import client
     from connectors.partition import PartitionSource
 
@@ -520,6 +522,17 @@ def test_group_rebalance_and_a_stale_generation_is_fenced(
         poll(b)
     assert a_events[-2:][0] == ("revoked", [0, 1]), a_events  # eager: all given up first
     assert {p for tp in a.assignment() | b.assignment() for p in [tp.partition]} == {0, 1}
+    # The coordinator's view, as `stream-dp status` reads it: members by client id.
+    admin = connect(bootstrap, timeout_s=15, what="test", client=kafka_client)
+    try:
+        described = describe_group(admin, group)
+        assert describe_group(admin, unique_name("g")).exists is False
+    finally:
+        admin.close()
+    assert described.state == "Stable", described
+    held = {m.client_id: {k for t, k in m.assignment if t == topic} for m in described.members}
+    assert held == {"a": {tp.partition for tp in a.assignment()},
+                    "b": {tp.partition for tp in b.assignment()}}  # fmt: skip
 
     with pytest.raises(ProducerFenced, match="consumer group refused"):
         publisher.publish([(out, b"m", b"zombie")], stale, group)
@@ -533,11 +546,13 @@ def test_admin_checks_and_checkpoint_topic(
     kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
 ) -> None:
     """The start-up checks and the checkpoint topic: a compacted topic created with its limit,
-    and the newest committed value of a key read back (aborted writes never seen)."""
+    the newest committed value of a key, and of every key, read back (aborted writes never
+    seen)."""
     from connectors.admin import (
         KafkaProblem,
         connect,
         ensure_topic,
+        latest_by_key,
         latest_with_key,
         topic_max_message_bytes,
         topic_partitions,
@@ -580,6 +595,9 @@ def test_admin_checks_and_checkpoint_topic(
     assert latest_with_key(bootstrap, topic, b"m/p0", **read) == b"ckpt-2"
     assert latest_with_key(bootstrap, topic, b"m/p1", **read) == b"other-69"
     assert latest_with_key(bootstrap, topic, b"m/p0", tail=40, **read) is None
+    # Every key's newest committed value (the status topic's reader).
+    assert latest_by_key(bootstrap, topic, **read) == {b"m/p0": b"ckpt-2", b"m/p1": b"other-69"}
+    assert latest_by_key(bootstrap, missing, **read) == {}
 
     # The diagnoses: nothing listening, and a TLS client at a plaintext listener.
     with pytest.raises(KafkaProblem, match="cannot reach Kafka at 127.0.0.1:1 "):

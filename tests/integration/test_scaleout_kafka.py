@@ -473,16 +473,61 @@ def _release_times(bootstrap: str, topic: str) -> list[float]:
         consumer.close()
 
 
+def _the_cluster_view_names_the_survivor(
+    config: Path, survivor: str, dead: str, capsys: pytest.CaptureFixture
+) -> None:
+    """``stream-dp status`` after a take-over: the survivor owns every partition with a recent
+    heartbeat; the killed instance, whose last heartbeat and status file (on its own machine)
+    still claim partitions, is gone and holds nothing."""
+    from stream_dp.apps.status import format_view
+    from stream_dp.cli import main as cli_main
+
+    started = time.monotonic()
+    deadline = started + patience(20.0)
+    while True:
+        capsys.readouterr()
+        assert cli_main(["status", "--config", str(config), "--json"]) == 0
+        view = json.loads(capsys.readouterr().out)
+        # The survivor's heartbeat may predate its status file's report by one status interval.
+        if all(p["step"] is not None for p in view["partitions"]):
+            break
+        assert time.monotonic() < deadline, view
+        time.sleep(0.2)  # polling interval of a bounded wait
+    rows = view["partitions"]
+    assert [p["owner"] for p in rows] == [survivor] * PARTITIONS, rows
+    # Status reports every 0.5 s: the survivor's newest one is seconds old at most.
+    assert all(p["heartbeat_age_s"] <= patience(10.0) for p in rows), rows
+    assert all(p["epsilon_spent"] is not None for p in rows), rows
+    states = {i["instance"]: (i["state"], i["partitions"]) for i in view["instances"]}
+    assert states == {survivor: ("member", list(range(PARTITIONS))), dead: ("gone", [])}, states
+    gone = next(i for i in view["instances"] if i["instance"] == dead)
+    assert gone["heartbeat_age_s"] > rows[0]["heartbeat_age_s"]
+    print("\n" + "\n".join(format_view(view)))
+    print(f"stream-dp status after the take-over: {time.monotonic() - started:.1f} s")
+
+
+def _status_fails(config: Path, cfg: dict, why: str, capsys: pytest.CaptureFixture) -> None:
+    """``stream-dp status`` exits 4 with one line saying ``why``."""
+    from stream_dp.cli import main as cli_main
+
+    _write_toml(config, cfg)
+    capsys.readouterr()
+    assert cli_main(["status", "--config", str(config)]) == 4
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and why in lines[0] and "does not exist" in lines[0], lines
+
+
 @pytest.mark.scenario
 def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
-    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client, capsys
 ):
     """Journal on, two machines with their own state directories and the checkpoint topic,
     live input. X is SIGKILLed: Y takes its partitions over, fetching their checkpoints from
-    the topic, within the session timeout + 5 s. X restarts on an empty directory: the
-    rebalance that gives it partitions back (Y hands over, X fetches from the topic) stalls
-    the release stream at most 10 s. Nothing is published twice or with two contents, every
-    record is learned once."""
+    the topic, within the session timeout + 5 s; ``stream-dp status`` then names Y as the
+    owner of every partition, with a recent heartbeat, and X as gone, holding nothing. X
+    restarts on an empty directory: the rebalance that gives it partitions back (Y hands over,
+    X fetches from the topic) stalls the release stream at most 10 s. Nothing is published
+    twice or with two contents, every record is learned once."""
     bootstrap = kafka_broker.bootstrap
     names = {**names_for(unique_name), "checkpoints": unique_name("checkpoints")}
     create_topic(bootstrap, names["input"], partitions=PARTITIONS)
@@ -510,19 +555,27 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
     procs: dict[str, subprocess.Popen] = {}
     live = threading.Thread(target=produce, args=(first, n, True), daemon=True)
     produce(0, first)
+    # Until an instance has joined, the group does not exist.
+    _status_fails(homes["Y"][0] / "engine-Y.toml", homes["Y"][1], "consumer group", capsys)
     try:
         procs["X"] = _start(homes["X"][0], homes["X"][1], "X")
         procs["Y"] = _start(homes["Y"][0], homes["Y"][1], "Y")
         _wait_for(status["Y"], lambda s: len(s["partitions"]) >= 1, procs["Y"], 120)
         busy = lambda s: len(s["partitions"]) >= 1 and s["records"] > 1000  # noqa: E731
-        held_by_x = _wait_for(status["X"], busy, procs["X"], 120)["partitions"]
+        x_status = _wait_for(status["X"], busy, procs["X"], 120)
+        held_by_x = x_status["partitions"]
         live.start()
         os.kill(procs["X"].pid, signal.SIGKILL)
         killed = time.monotonic()
         assert procs["X"].wait(timeout=patience(30)) == -signal.SIGKILL
         everything = lambda s: s["partitions"] == list(range(PARTITIONS))  # noqa: E731
-        _wait_for(status["Y"], everything, procs["Y"], timeout=4 * SESSION_MS / 1000 + 30)
+        y_status = _wait_for(
+            status["Y"], everything, procs["Y"], timeout=4 * SESSION_MS / 1000 + 30
+        )
         takeover = time.monotonic() - killed
+        _the_cluster_view_names_the_survivor(
+            homes["Y"][0] / "engine-Y.toml", y_status["instance"], x_status["instance"], capsys
+        )
         joined = time.time()
         procs["X2"] = _start(homes["X2"][0], homes["X2"][1], "X2")
         mine = lambda s: len(s["partitions"]) >= 1 and s["records"] > 0  # noqa: E731
@@ -571,10 +624,11 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
 
 
 def test_a_missing_input_topic_is_rc_4_in_one_line_and_never_created(
-    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
+    kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client, capsys
 ):
     """The single engine's start-up checks: subscribing to a missing topic would have the
-    broker create it, and the instance would idle out having learned nothing."""
+    broker create it, and the instance would idle out having learned nothing. ``stream-dp
+    status`` says the same in one line."""
     bootstrap = kafka_broker.bootstrap
     names = names_for(unique_name)
     cfg = _config(tmp_path, bootstrap, names, "A", kafka_client)
@@ -582,6 +636,7 @@ def test_a_missing_input_topic_is_rc_4_in_one_line_and_never_created(
     assert proc.wait(timeout=patience(120)) == 4
     lines = (tmp_path / "engine-A.log").read_text().strip().splitlines()
     assert len(lines) == 1 and f"input topic {names['input']!r} does not exist" in lines[0], lines
+    _status_fails(tmp_path / "engine-A.toml", cfg, f"input topic {names['input']!r}", capsys)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     try:
         assert names["input"] not in consumer.topics(), "the input topic was auto-created"
