@@ -602,7 +602,16 @@ class _Delivery:
 
 
 class _InFlight:
-    """Transactional calls in progress, per transactional id (across producers)."""
+    """``init_transactions`` calls in progress, per transactional id (across producers).
+
+    Only that call is followed: a handle that has not finished it may still register with
+    the broker, and a registration after a newer producer's would fence the newer one. A
+    handle past it holds an epoch that the next producer's ``init_transactions`` bumps, after
+    which the broker refuses whatever the old handle still sends (its offsets, its commit), so
+    its calls are not waited for; librdkafka can keep one of them going without end
+    (``send_offsets_to_transaction`` while its group coordinator is away outlives its
+    timeout), and waiting for it would stop every later producer of the id.
+    """
 
     def __init__(self) -> None:
         self._calls: dict[str, int] = {}
@@ -620,13 +629,15 @@ class _InFlight:
             self._changed.notify_all()
 
     def wait_idle(self, txn_id: str, timeout_s: float) -> None:
-        """Wait until no call of ``txn_id`` is in progress; a timeout is a retriable error."""
+        """Wait until no ``init_transactions`` of ``txn_id`` is in progress; a timeout is a
+        retriable error."""
         from kafka.errors import KafkaTimeoutError
 
         with self._changed:
             if not self._changed.wait_for(lambda: txn_id not in self._calls, timeout_s):
                 raise KafkaTimeoutError(
-                    f"a discarded producer of transactional id {txn_id!r} is still in a call"
+                    f"a discarded producer of transactional id {txn_id!r} is still in "
+                    "init_transactions"
                 )
 
 
@@ -745,8 +756,9 @@ class ConfluentProducer:
             raise KafkaTimeoutError(f"{left} message(s) not delivered within {timeout} s")
 
     # -- transactions ----------------------------------------------------------------------
-    def _txn_call(self, name: str, *args: Any) -> None:
-        """One transactional call, counted in flight for its transactional id.
+    def _txn_call(self, name: str, *args: Any, registers: bool = False) -> None:
+        """One transactional call; one that ``registers`` the handle with the broker
+        (``init_transactions``) is counted in flight for its transactional id (:class:`_InFlight`).
 
         The handle is held by a local that is deleted before the count drops: when the
         producer was closed meanwhile (an abandoned attempt), the handle is destroyed right
@@ -757,21 +769,23 @@ class ConfluentProducer:
         producer = self._p
         if producer is None:
             raise ValueError("the producer is closed")
-        _IN_FLIGHT.enter(self.transactional_id)
+        if registers:
+            _IN_FLIGHT.enter(self.transactional_id)
         try:
             getattr(producer, name)(*args)
         except KafkaException as exc:
             raise _raise(exc, self._errors) from None
         finally:
             del producer
-            _IN_FLIGHT.leave(self.transactional_id)
+            if registers:
+                _IN_FLIGHT.leave(self.transactional_id)
 
     def init_transactions(self) -> None:
-        # A discarded producer of this transactional id may still be in a call (its attempt
+        # A discarded producer of this transactional id may still be in this call (its attempt
         # was abandoned): until it ends, its handle could still register with the broker
         # after this one, and fence it.
         _IN_FLIGHT.wait_idle(self.transactional_id, self.txn_timeout_s)
-        self._txn_call("init_transactions", self.txn_timeout_s)
+        self._txn_call("init_transactions", self.txn_timeout_s, registers=True)
 
     def begin_transaction(self) -> None:
         self._txn_call("begin_transaction")

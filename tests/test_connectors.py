@@ -9,6 +9,7 @@ import math
 import pickle
 import socket
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -676,6 +677,69 @@ def test_confluent_errors_are_the_kafka_python_ones() -> None:
     # Retriable in librdkafka's judgement stays retriable; fatal never is.
     assert is_retriable(as_kafka(KafkaError._INCONSISTENT, retriable=True))
     assert not is_retriable(as_kafka(KafkaError._INCONSISTENT, retriable=True, fatal=True))
+
+
+class _StuckHandle:
+    """A librdkafka producer handle whose transactional calls block until ``release``."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def _block(self, *args: Any) -> None:
+        self.entered.set()
+        self.release.wait(patience(30))
+
+    init_transactions = send_offsets_to_transaction = _block
+
+
+class _ReadyHandle:
+    def init_transactions(self, *args: Any) -> None:
+        pass
+
+
+def test_confluent_producer_waits_only_for_a_discarded_ones_init() -> None:
+    """A discarded producer's call that librdkafka never ends (``send_offsets_to_transaction``
+    with its group coordinator away outlives its timeout) must not stop the next producer of
+    the transactional id, which fences it; one still in ``init_transactions`` could register
+    after the next one and fence it, so that one is waited for (a retriable timeout)."""
+    pytest.importorskip("confluent_kafka")
+    from kafka.errors import KafkaTimeoutError
+
+    from connectors._confluent import ConfluentProducer
+
+    port = unused_port()
+
+    def producer(handle: Any) -> ConfluentProducer:
+        p = ConfluentProducer(
+            {
+                "bootstrap_servers": f"127.0.0.1:{port}",
+                "transactional_id": "stuck-txn",
+                "delivery_timeout_ms": 1000,  # the bound of each transactional call: 1 s
+            }
+        )
+        p._p = handle
+        return p
+
+    for call in ("send_offsets_to_transaction", "init_transactions"):
+        stuck = _StuckHandle()
+        old = producer(stuck)
+        if call == "init_transactions":
+            worker = threading.Thread(target=old.init_transactions)
+        else:
+            worker = threading.Thread(target=old.send_offsets_to_transaction, args=({}, object()))
+        worker.start()
+        assert stuck.entered.wait(patience(10))
+        try:
+            new = producer(_ReadyHandle())
+            if call == "init_transactions":
+                with pytest.raises(KafkaTimeoutError, match="still in init_transactions"):
+                    new.init_transactions()
+            else:
+                new.init_transactions()
+        finally:
+            stuck.release.set()
+            worker.join(patience(10))
+        new.init_transactions()  # nothing in flight any more
 
 
 def test_kafka_positions_seek_and_parse(kafka_client: str) -> None:
