@@ -185,21 +185,21 @@ class ContributionBound:
     def _derived(self) -> None:
         """The keyed hash and the cache: rebuilt, never stored (hash objects do not pickle)."""
         self._copy = hashlib.blake2b(key=self._key, digest_size=16, person=_PERSON).copy
-        # A write-back cache of the recently seen units: their packed state (the table's copy is
-        # stale while they are here) and where it goes in the table. A unit with many events
-        # pays for BLAKE2b and the probe once per _RECENT distinct units; the table is written
-        # when the cache is full, before it grows, and before anything reads it. Keyed by the
-        # unit's one canonical name (_reference): two names of one unit must never hold two
-        # states. str and bytes are hashed by Python's seeded SipHash, so keys cannot be chosen
-        # to collide in it. Its size does not grow with the units.
-        self._states: dict[str | bytes, int] = {}
-        self._states_get = self._states.get
-        self._slots: dict[str | bytes, int] = {}
+        # A write-back cache of the recently seen units: [last step, count, index of the state
+        # word in the table] (the table's state word is stale while a unit is here). A unit with
+        # many events pays for BLAKE2b and the probe once per _RECENT distinct units, and its
+        # events touch one small list: small ints, updated in place, no packing. The table is
+        # written when the cache is full, before it grows, and before anything reads it. Keyed
+        # by the unit's one canonical name (_reference): two names of one unit must never hold
+        # two states. str and bytes are hashed by Python's seeded SipHash, so keys cannot be
+        # chosen to collide in it. Its size does not grow with the units.
+        self._cache: dict[str | bytes, list[int]] = {}
+        self._cached = self._cache.get
 
     def __getstate__(self) -> dict:
         self._flush()
         state = dict(self.__dict__)
-        for name in ("_copy", "_states", "_states_get", "_slots"):
+        for name in ("_copy", "_cache", "_cached"):
             del state[name]
         return state
 
@@ -219,17 +219,18 @@ class ContributionBound:
         """
         # The common case — a unit in the cache, a valid step — in as few operations as possible.
         try:
-            state = self._states_get(unit)
+            cached = self._cached(unit)
         except TypeError:  # unhashable: not a unit key (the cold path says why)
-            state = None
-        if state is not None and self.last_step < step <= MAX_STEP and type(step) is int:
-            count = state & _COUNT_MASK
-            if count < self.max_events and step - (state >> _COUNT_BITS) >= self.min_separation:
-                self._states[unit] = (step << _COUNT_BITS) | (count + 1)
+            cached = None
+        if cached is not None and self.last_step < step <= MAX_STEP and type(step) is int:
+            count = cached[1]
+            if count < self.max_events and step - cached[0] >= self.min_separation:
+                cached[0] = step
+                cached[1] = count + 1
                 self.last_step = step
                 return True
-            return self._drop(state)
-        return self._admit_cold(unit, step, state is None and type(unit) is str)
+            return self._drop(count)
+        return self._admit_cold(unit, step, cached is None and type(unit) is str)
 
     def _admit_cold(self, unit, step, new_name: bool = False) -> bool:
         """:meth:`admit` for a unit not in the cache under this name (``new_name``: a str that
@@ -239,48 +240,47 @@ class ContributionBound:
         if type(step) is not int or not self.last_step < step <= MAX_STEP:
             step = self._check_step(step)
         ref = unit if type(unit) is str else _reference(unit)  # RecordError: not a unit key
-        states = self._states
-        state = None if new_name else states.get(ref)
-        if state is None:
+        cache = self._cache
+        cached = None if new_name else cache.get(ref)
+        if cached is None:
             h = self._copy()
             h.update(ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref)
             lo, hi = _UNPACK(h.digest())
-            table, mask = self._table, self._mask
-            i = lo & mask
-            while True:  # linear probing (see _probe)
-                j = _WIDTH * i
+            table = self._table
+            end = len(table)
+            j = _WIDTH * (lo & self._mask)
+            while True:  # linear probing (see _probe), j the slot's first word
                 state = table[j + 2]
                 if state == 0:  # a new unit: its first event is admitted, unless units are capped
                     if self.max_units is not None and self._units >= self.max_units:
                         self._dropped[2] += 1
                         return False
-                    state = (step << _COUNT_BITS) | 1
                     table[j] = lo
                     table[j + 1] = hi
-                    table[j + 2] = state
+                    table[j + 2] = (step << _COUNT_BITS) | 1
                     self._units += 1
                     self.last_step = step
-                    if len(states) >= _RECENT:
+                    if len(cache) >= _RECENT:
                         self._evict()
-                    states[ref] = state
-                    self._slots[ref] = j + 2
+                    cache[ref] = [step, 1, j + 2]
                     if self._units > self._grow_at:
                         self._resize(2 * self._capacity)  # moves units; the cache follows them
                     return True
                 if table[j] == lo and table[j + 1] == hi:
                     break
-                i = (i + 1) & mask
-            if len(states) >= _RECENT:
+                j += _WIDTH
+                if j == end:
+                    j = 0
+            if len(cache) >= _RECENT:
                 self._evict()
-            states[ref] = state
-            self._slots[ref] = j + 2
-        if (state & _COUNT_MASK) < self.max_events and (
-            step - (state >> _COUNT_BITS) >= self.min_separation
-        ):
-            states[ref] = (step << _COUNT_BITS) | ((state & _COUNT_MASK) + 1)
+            cached = cache[ref] = [state >> _COUNT_BITS, state & _COUNT_MASK, j + 2]
+        count = cached[1]
+        if count < self.max_events and step - cached[0] >= self.min_separation:
+            cached[0] = step
+            cached[1] = count + 1
             self.last_step = step
             return True
-        return self._drop(state)
+        return self._drop(count)
 
     def _check_step(self, step) -> int:
         step = int(step)
@@ -291,8 +291,8 @@ class ContributionBound:
             )
         return step
 
-    def _drop(self, state: int) -> bool:
-        self._dropped[0 if (state & _COUNT_MASK) >= self.max_events else 1] += 1
+    def _drop(self, count: int) -> bool:
+        self._dropped[0 if count >= self.max_events else 1] += 1
         return False
 
     def admit_many(self, units, first_step: int) -> np.ndarray:
@@ -432,21 +432,24 @@ class ContributionBound:
     def _evict(self) -> None:
         """Drop the older half of the cache (first inserted), its states written to the table."""
         self._flush()
-        states, slots = self._states, self._slots
-        for ref in list(itertools.islice(states, len(states) // 2 or 1)):
-            del states[ref]
-            del slots[ref]
+        cache = self._cache
+        for ref in list(itertools.islice(cache, len(cache) // 2 or 1)):
+            del cache[ref]
 
     def _flush(self) -> None:
         """Write the cached states into the table (the cache keeps them)."""
-        if self._states:
-            at = np.fromiter(self._slots.values(), dtype=np.int64, count=len(self._slots))
-            states = np.fromiter(self._states.values(), dtype=np.uint64, count=len(at))
-            np.frombuffer(self._table, dtype=np.uint64)[at] = states
+        cache = self._cache
+        if cache:
+            rows = np.fromiter(
+                itertools.chain.from_iterable(cache.values()), dtype=np.int64, count=3 * len(cache)
+            ).reshape(-1, 3)
+            packed = (rows[:, 0].astype(np.uint64) << np.uint64(_COUNT_BITS)) | rows[:, 1].astype(
+                np.uint64
+            )
+            np.frombuffer(self._table, dtype=np.uint64)[rows[:, 2]] = packed
 
     def _clear(self, capacity: int) -> None:
-        self._states.clear()
-        self._slots.clear()
+        self._cache.clear()
         self._capacity = capacity
         self._mask = capacity - 1
         self._grow_at = int(_MAX_LOAD * capacity)
@@ -462,14 +465,16 @@ class ContributionBound:
         view = self._view()
         occupied = np.flatnonzero(view[:, 2] != 0)
         slots = view[occupied].copy()
-        states, where = dict(self._states), list(self._slots.items())
+        cached = dict(self._cache)
         self._clear(capacity)
         moved = self._insert(slots)  # new slot of each old occupied slot, in that order
-        if where:
-            old = np.array([at for _, at in where], dtype=np.int64) // _WIDTH
-            new = moved[np.searchsorted(occupied, old)] * _WIDTH + 2
-            self._states.update(states)
-            self._slots.update(zip((ref for ref, _ in where), new.tolist(), strict=True))
+        if cached:
+            entries = list(cached.values())
+            old = np.fromiter((e[2] for e in entries), dtype=np.int64, count=len(entries))
+            new = moved[np.searchsorted(occupied, old // _WIDTH)] * _WIDTH + 2
+            for entry, at in zip(entries, new.tolist(), strict=True):
+                entry[2] = at
+            self._cache.update(cached)
 
     def _insert(self, slots: np.ndarray) -> np.ndarray:
         """Place distinct units into the empty table by linear probing, vectorised; returns the
