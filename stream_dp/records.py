@@ -207,7 +207,7 @@ class FeatureSchema:
         if (
             isinstance(x, dict)
             and names is not None
-            and (len(x) == len(names) or (len(x) == len(names) + 1 and self.ignored in x))
+            and ((extra := len(x) - len(names)) == 0 or (extra == 1 and self.ignored in x))
         ):
             try:
                 vals = self._getter(x)
@@ -253,7 +253,7 @@ class FeatureSchema:
         """
         names = self.names
         if names is None or (
-            len(x) != len(names) and not (len(x) == len(names) + 1 and self.ignored in x)
+            (extra := len(x) - len(names)) != 0 and not (extra == 1 and self.ignored in x)
         ):
             return None
         try:
