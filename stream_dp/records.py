@@ -202,13 +202,7 @@ class FeatureSchema:
         names = self.names
         self.last_unknown = False
         self.last_present = None
-        # Exactly the schema's keys (the getter below finds them all), or those and the unit
-        # field the schema ignores: nothing unknown to count.
-        if (
-            isinstance(x, dict)
-            and names is not None
-            and ((extra := len(x) - len(names)) == 0 or (extra == 1 and self.ignored in x))
-        ):
+        if isinstance(x, dict) and names is not None and self._no_extra_keys(x, names):
             try:
                 vals = self._getter(x)
             except (KeyError, TypeError):
@@ -242,6 +236,12 @@ class FeatureSchema:
         self.last_clipped = out is not v
         return out
 
+    def _no_extra_keys(self, x: Mapping, names: tuple) -> bool:
+        """No key of ``x`` is outside the schema, given that the schema's getter finds all of
+        its names in ``x``: as many keys as names, or one more that is the ignored unit field."""
+        extra = len(x) - len(names)
+        return extra == 0 or (extra == 1 and self.ignored in x)
+
     def _fast_dict(self, x: Mapping, check_finite: bool = True) -> np.ndarray | None:
         """The common case in ~2 µs: exactly the schema's keys, plain finite numbers.
 
@@ -252,9 +252,7 @@ class FeatureSchema:
         that are all finite.
         """
         names = self.names
-        if names is None or (
-            (extra := len(x) - len(names)) != 0 and not (extra == 1 and self.ignored in x)
-        ):
+        if names is None or not self._no_extra_keys(x, names):
             return None
         try:
             vals = self._getter(x)

@@ -282,8 +282,7 @@ class PairwiseLearner(base.Estimator):
         """
         unit = self._unit
         if unit is not None:
-            # The schema ignores the unit field: x goes on as it is, without a copy.
-            key = x.get(unit.key) if type(x) is dict else unit.of(x)
+            key = unit.of(x)  # the schema ignores the unit field: x goes on without a copy
         xv, yv = self._input.validate(x, y)
         s = self._state
         if s.exhausted or s.w is None:

@@ -42,7 +42,7 @@ from stream_dp.privacy.events import GaussianEvent, GaussianEvents, gaussian_rho
 from stream_dp.privacy.mechanisms import release_sigma
 from stream_dp.privacy.noise import KeyedNoise, rows_per_block
 from stream_dp.privacy.schedules import Schedule, schedule_from_dict
-from stream_dp.privacy.unit_sensitivity import replaced_events_bound
+from stream_dp.privacy.unit_sensitivity import replaced_events, replaced_events_bound
 from stream_dp.sensitivity import CertifiedSensitivity, cert_admit, cert_step
 
 __all__ = ["OutputPerturbation", "OutputPerturbationSettings"]
@@ -319,7 +319,7 @@ def _release(s, t, w, bound):  # pragma: no cover - compiled
     event = bound
     if s.paper:
         event = max(huai_sensitivity(s.paper_G, s.paper_alpha, t), bound)
-    sens = event if s.k == 1 else min(s.consts[3], s.k * event)
+    sens = replaced_events(event, s.k, s.consts[3])
     sigma = release_sigma(sens, s.rhos[r])
     noise = sigma * s.Z[t % s.Z.shape[0]]
     s.out_step[r] = t
@@ -459,10 +459,6 @@ class _Compiled(CompiledMechanism):
             mech.budget.charge(GaussianEvents(steps, sens_all, sigmas))
         mech._charged(sens, sigma, r)
         if mech.max_events > 1:  # in release order, as the reference step adds them
-            if r == 1:
-                mech.rho_unit_spent += gaussian_rho(sens, sigma)
-                mech.rho_event_spent += gaussian_rho(self.out_event.item(0), sigma)
-                return
             for i in range(r):
                 sigma_i = self.out_sigma.item(i)
                 mech.rho_unit_spent += gaussian_rho(self.out_sens.item(i), sigma_i)

@@ -46,6 +46,7 @@ import math
 import numpy as np
 from scipy import signal
 
+from stream_dp._jit import jitable
 from stream_dp.privacy.blt import BLT, _geom
 from stream_dp.privacy.factorizations import (
     Factorization,
@@ -59,6 +60,7 @@ __all__ = [
     "UnitSensitivity",
     "unit_sensitivity",
     "placement_sensitivity",
+    "replaced_events",
     "replaced_events_bound",
 ]
 
@@ -211,9 +213,16 @@ def replaced_events_bound(event_bound: float, max_events: int, diameter: float) 
     e, diam = float(event_bound), float(diameter)
     if not (e >= 0 and diam > 0 and math.isfinite(e) and math.isfinite(diam)):
         raise ValueError(f"need a finite bound >= 0 and a diameter > 0, got {e!r}, {diam!r}")
-    if k == 1:  # the event-level bound itself, bit for bit (Lemma 4's may exceed the diameter)
-        return float(event_bound)
-    return min(diam, k * e)
+    return replaced_events(e, k, diam)
+
+
+@jitable
+def replaced_events(event_bound: float, max_events: int, diameter: float) -> float:
+    """:func:`replaced_events_bound` without its checks: the rule itself, which the compiled
+    release of output perturbation calls too (one rule for both paths)."""
+    if max_events == 1:  # the event-level bound itself, bit for bit (Lemma 4's may exceed diam)
+        return event_bound
+    return min(diameter, max_events * event_bound)
 
 
 # -- the autocorrelation R(s, N) = Σ_{m<N} v_m v_{m+s} of v = C·u --------------------------------
