@@ -235,52 +235,39 @@ class ContributionBound:
     def _admit_cold(self, unit, step, new_name: bool = False) -> bool:
         """:meth:`admit` for a unit not in the cache under this name (``new_name``: a str that
         the cache was just asked for), or for an unusual step: check the step, find the unit
-        (hash and probe) or insert it, and cache it. Written out in one function, without calls
-        of its own on a new unit's path: a stream where many units are new takes it often."""
+        (hash and probe) or insert it, cache it, then decide as :meth:`admit` does."""
         if type(step) is not int or not self.last_step < step <= MAX_STEP:
             step = self._check_step(step)
         ref = unit if type(unit) is str else _reference(unit)  # RecordError: not a unit key
         cache = self._cache
-        cached = None if new_name else cache.get(ref)
-        if cached is None:
-            h = self._copy()
-            h.update(ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref)
-            lo, hi = _UNPACK(h.digest())
-            table = self._table
-            end = len(table)
-            j = _WIDTH * (lo & self._mask)
-            while True:  # linear probing (see _probe), j the slot's first word
-                state = table[j + 2]
-                if state == 0:  # a new unit: its first event is admitted, unless units are capped
-                    if self.max_units is not None and self._units >= self.max_units:
-                        self._dropped[2] += 1
-                        return False
-                    table[j] = lo
-                    table[j + 1] = hi
-                    table[j + 2] = (step << _COUNT_BITS) | 1
-                    self._units += 1
-                    self.last_step = step
-                    if len(cache) >= _RECENT:
-                        self._evict()
-                    cache[ref] = [step, 1, j + 2]
-                    if self._units > self._grow_at:
-                        self._resize(2 * self._capacity)  # moves units; the cache follows them
-                    return True
-                if table[j] == lo and table[j + 1] == hi:
-                    break
-                j += _WIDTH
-                if j == end:
-                    j = 0
+        if new_name or ref not in cache:
+            lo, hi = self._hash(ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref)
+            j = self._probe(lo, hi)
+            if j < 0:  # a new unit: its first event is admitted, unless units are capped
+                return self._insert_unit(ref, ~j, lo, hi, step)
+            state = self._table[j + 2]
             if len(cache) >= _RECENT:
                 self._evict()
-            cached = cache[ref] = [state >> _COUNT_BITS, state & _COUNT_MASK, j + 2]
-        count = cached[1]
-        if count < self.max_events and step - cached[0] >= self.min_separation:
-            cached[0] = step
-            cached[1] = count + 1
-            self.last_step = step
-            return True
-        return self._drop(count)
+            cache[ref] = [state >> _COUNT_BITS, state & _COUNT_MASK, j + 2]
+        return self.admit(ref, step)  # cached now, under its canonical name
+
+    def _insert_unit(self, ref: str | bytes, j: int, lo: int, hi: int, step: int) -> bool:
+        """A new unit's first event, at the empty slot whose first word is j: admitted."""
+        if self.max_units is not None and self._units >= self.max_units:
+            self._dropped[2] += 1
+            return False
+        table = self._table
+        table[j] = lo
+        table[j + 1] = hi
+        table[j + 2] = (step << _COUNT_BITS) | 1
+        self._units += 1
+        self.last_step = step
+        if len(self._cache) >= _RECENT:
+            self._evict()
+        self._cache[ref] = [step, 1, j + 2]
+        if self._units > self._grow_at:
+            self._resize(2 * self._capacity)  # moves units; the cache follows them
+        return True
 
     def _check_step(self, step) -> int:
         step = int(step)
