@@ -19,6 +19,7 @@ next step to learn goes into checkpoints.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -37,7 +38,35 @@ from stream_dp.privacy.correlated_noise import block_rows
 from stream_dp.privacy.mf import MFMechanism
 from stream_dp.privacy.noise import KeyedNoise
 
-__all__ = ["CorrelatedNoiseMechanism", "CorrelatedNoiseSettings", "average_update"]
+__all__ = [
+    "CorrelatedNoiseMechanism",
+    "CorrelatedNoiseSettings",
+    "average_update",
+    "check_budget_params",
+]
+
+
+def check_budget_params(epsilon: float | None, delta: float) -> None:
+    """The (ε, δ) of a learner whose stream is one correlated-noise mechanism: ε a positive
+    finite number (None: no noise, not private), δ in (0, 1).
+
+    Examples
+    --------
+    >>> check_budget_params(None, 1e-5)
+    >>> check_budget_params(0.0, 1e-5)
+    Traceback (most recent call last):
+    ...
+    ValueError: epsilon must be a positive finite number or None, got 0.0
+
+    """
+    eps = epsilon
+    if eps is not None and not (
+        isinstance(eps, int | float) and not isinstance(eps, bool) and eps > 0
+        and math.isfinite(eps)
+    ):  # fmt: skip
+        raise ValueError(f"epsilon must be a positive finite number or None, got {eps!r}")
+    if not (isinstance(delta, float | int) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
 
 
 @jitable

@@ -25,11 +25,11 @@ import numpy as np
 from river import compose
 
 from stream_dp.online.composition import LEARNED_METRIC, PRIVATE_LEARNER, checked
-from stream_dp.online.correlated import CorrelatedNoiseMechanism
+from stream_dp.online.correlated import CorrelatedNoiseMechanism, check_budget_params
 from stream_dp.online.inputs import RecordInput
 from stream_dp.online.interfaces import MetricInterface
 from stream_dp.online.params import river_check_params
-from stream_dp.privacy.budget import BudgetSlice, PrivacyBudget, zcdp_budget
+from stream_dp.privacy.budget import PrivacyBudget, zcdp_budget
 from stream_dp.privacy.mf import MFMechanism, make_factorization
 from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.privacy.secrets import check_seed
@@ -311,13 +311,12 @@ class FisherMetric(MetricInterface):
     @property
     def budget(self) -> PrivacyBudget | None:
         """The zCDP budget the one charge goes to (None without noise)."""
-        budget = self._mechanism.budget
-        return budget.parent if isinstance(budget, BudgetSlice) else budget
+        return self._mechanism.budget
 
     @property
     def accountant(self):
         """The ledger of the charge and the (ε, δ) spent: ``accountant.spent()``."""
-        budget = self._mechanism.budget
+        budget = self.budget
         return None if budget is None else budget.accountant
 
     @property
@@ -507,13 +506,7 @@ class FisherMetric(MetricInterface):
 
 
 def _check_params(m: FisherMetric) -> None:
-    eps = m.epsilon
-    if eps is not None and (
-        isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < math.inf
-    ):
-        raise ValueError(f"epsilon must be a positive finite number or None, got {eps!r}")
-    if isinstance(m.delta, bool) or not isinstance(m.delta, float | int) or not 0 < m.delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {m.delta!r}")
+    check_budget_params(m.epsilon, m.delta)
     h = m.horizon
     if h is not None and (isinstance(h, bool) or not isinstance(h, int | np.integer) or h < 1):
         raise ValueError(f"horizon must be an int >= 1 or None, got {h!r}")

@@ -10,7 +10,7 @@ from stream_dp.buffers import Buffer, FIFOBuffer
 from stream_dp.losses import METRICS, get_loss
 from stream_dp.online.base import PairwiseLearner
 from stream_dp.online.budgeted import BudgetedLearner
-from stream_dp.online.correlated import CorrelatedNoiseMechanism
+from stream_dp.online.correlated import CorrelatedNoiseMechanism, check_budget_params
 from stream_dp.online.interfaces import AUCInterface, MetricInterface
 from stream_dp.online.params import river_check_params
 from stream_dp.online.units import check_unit_params
@@ -528,14 +528,7 @@ class OnPairMF(BudgetedLearner, PairwiseLearner):
 
 
 def _check_params(m: OnPairMF) -> None:
-    eps = m.epsilon
-    if eps is not None and not (
-        isinstance(eps, int | float) and not isinstance(eps, bool) and eps > 0
-        and math.isfinite(eps)
-    ):  # fmt: skip
-        raise ValueError(f"epsilon must be a positive finite number or None, got {eps!r}")
-    if not (isinstance(m.delta, float | int) and 0 < m.delta < 1):
-        raise ValueError(f"delta must be in (0, 1), got {m.delta!r}")
+    check_budget_params(m.epsilon, m.delta)
     if m.horizon is not None and (
         isinstance(m.horizon, bool) or int(m.horizon) != m.horizon or m.horizon < 1
     ):
