@@ -242,14 +242,19 @@ def topic_max_message_bytes(admin: TopicAdmin, topic: str) -> int | None:
 
 
 def _reader(
-    bootstrap_servers: str | Sequence[str], timeout_s: float, client: str | Client, **config: Any
+    bootstrap_servers: str | Sequence[str],
+    timeout_s: float,
+    client: str | Client,
+    *,
+    committed: bool = True,
+    **config: Any,
 ) -> Any:
-    """A consumer of committed messages that joins no group, each request bounded by
-    ``timeout_s``."""
+    """A consumer of committed messages (all messages, aborted ones too, without
+    ``committed``) that joins no group, each request bounded by ``timeout_s``."""
     return clients.client(client).consumer(
         bootstrap_servers=bootstrap_servers,
         enable_auto_commit=False,
-        isolation_level="read_committed",
+        isolation_level="read_committed" if committed else "read_uncommitted",
         request_timeout_ms=int(timeout_s * 1000) + 1000,
         bootstrap_timeout_ms=int(timeout_s * 1000),
         **config,
@@ -269,10 +274,14 @@ def latest_with_key(
     tail: int = 2000,
     timeout_s: float = 15.0,
     client: str | Client = DEFAULT_CLIENT,
+    committed: bool = True,
     **security: Any,
 ) -> bytes | None:
     """The value of the newest committed message with ``key`` among the last ``tail`` of each
     partition of ``topic``, or None.
+
+    Without ``committed``, the newest message whether committed, aborted or in an open
+    transaction: what a consumer reading uncommitted (Kafka's default) may have seen.
 
     Each partition is read backwards in growing windows (8, 64, 512, ... offsets from its end,
     up to ``tail``), stopping at the first window that holds the key: the newest message of a
@@ -287,7 +296,12 @@ def latest_with_key(
     from kafka import TopicPartition
 
     consumer = _reader(
-        bootstrap_servers, timeout_s, client, max_partition_fetch_bytes=8 * 1024 * 1024, **security
+        bootstrap_servers,
+        timeout_s,
+        client,
+        committed=committed,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        **security,
     )
     try:
         deadline = time.monotonic() + timeout_s

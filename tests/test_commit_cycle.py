@@ -193,3 +193,36 @@ def test_an_idle_cycle_does_not_shrink_the_next_batch(state, tmp_path):
     cycle.consumed(1, seconds=1.0)
     clock.now += 8.0  # a cycle with a record in it, 2 s left: one record (1 s of learning)
     assert cycle.batch_limit() == 1
+
+
+def test_a_run_registered_at_the_same_moment_is_taken_over_only_if_it_released_nothing(
+    state, tmp_path
+):
+    """Two new instances of one model: the one that became the writer second finds the other's
+    registration (cycle 0) after fencing it. It continues only when the release topic holds
+    nothing of that run, aborted messages included: a consumer reading uncommitted (Kafka's
+    default) would otherwise hold two releases of the same steps under independent noise."""
+    from stream_dp.engine.commit import RunRefused
+    from stream_dp.engine.outputs import PublicationRecord
+
+    cycle = cycle_over(tmp_path, Sink(state))
+    cycle.new_run()
+    other = PublicationRecord(Published("0" * 32, 0))
+    asked: list[str] = []
+
+    def released_by(run_id: str) -> bool:
+        asked.append(run_id)
+        return run_id in released
+
+    released: set[str] = set()
+    cycle.released_by = released_by
+    cycle.verify(other, before_start=False)  # fenced before it published: continue
+    released.add("0" * 32)
+    with pytest.raises(RunRefused, match="begun publishing.*Restart that instance"):
+        cycle.verify(other, before_start=False)
+    assert asked == ["0" * 32, "0" * 32]
+    # Seen before becoming the writer, the registration refuses the start outright (nothing
+    # fenced, nothing read).
+    with pytest.raises(RunRefused, match="has published"):
+        cycle.verify(other, before_start=True)
+    assert len(asked) == 2

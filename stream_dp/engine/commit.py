@@ -186,6 +186,9 @@ class CommitCycle:
         #: True between a cycle's checkpoint and the end of its publication.
         self.unpublished = False
         self._inflight: _Publication | None = None
+        #: Whether a run published anything, aborted messages included (None: cannot tell,
+        #: the releases go to no topic).
+        self.released_by: Callable[[str], bool] | None = None
 
     # -- identity --------------------------------------------------------------------------
     def new_run(self) -> None:
@@ -261,8 +264,19 @@ class CommitCycle:
             if self.seq == 0 and p == self.prior:
                 return  # the run that --fresh closed
             if self.seq == 0 and p.seq == 0 and not before_start:
-                # Another new instance registered at the same moment and published nothing;
-                # this one fenced it when it became the writer.
+                # Another new instance registered between this one's check and its becoming the
+                # writer, which fenced it. Its releases, if it had begun publishing, are in the
+                # log though aborted: a consumer reading uncommitted (Kafka's default) has seen
+                # them, and this run's releases of the same steps carry other noise.
+                if self.released_by is not None and self.released_by(p.run_id):
+                    raise RunRefused(
+                        f"run {p.run_id} of model {self.model_id!r} started at the same moment "
+                        "and had begun publishing when this instance took over from it: its "
+                        "releases, aborted, are on the release topic, and this run would "
+                        "publish other noise for the same steps. Restart that instance from its "
+                        "state directory (it publishes the same releases again); remove this "
+                        "one's"
+                    )
                 log.warning("run %s of model %s was registered at the same moment and has been "
                             "fenced; it published nothing", p.run_id, self.model_id)  # fmt: skip
                 return

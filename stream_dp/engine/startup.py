@@ -118,6 +118,8 @@ class Startup:
         self.learner = learning.learner
         #: The checkpoint's meta (engine counters) when the run was resumed, else empty.
         self.meta: dict = {}
+        if outputs.to_topic(RELEASES):
+            cycle.released_by = self._released_by
 
     def restore(self) -> dict:
         """Resume the checkpoint's run, or start a new run when that cannot fork a ledger;
@@ -288,8 +290,8 @@ class Startup:
         except OSError as err:
             raise StateError(f"cannot read the ledger journal {state.journal}: {err}") from None
 
-    def _latest_release(self) -> bytes | None:
-        """The latest message keyed by the model on the release topic, or None."""
+    def _latest_release(self, *, committed: bool = True) -> bytes | None:
+        """The latest (committed) message keyed by the model on the release topic, or None."""
         from connectors.admin import latest_with_key
 
         cfg = self.config
@@ -301,6 +303,7 @@ class Startup:
                 cfg.model.model_id.encode(),
                 timeout_s=cfg.kafka.startup_timeout_seconds,
                 client=cfg.kafka.client,
+                committed=committed,
                 **rel.security,
             )
         except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback
@@ -308,6 +311,17 @@ class Startup:
                 f"cannot read release topic {rel.topic!r} to check for earlier releases of "
                 f"model {cfg.model.model_id!r}: {err}"
             ) from None
+
+    def _released_by(self, run_id: str) -> bool:
+        """Whether the newest message keyed by the model on the release topic, aborted ones
+        included, is of run ``run_id`` (a message that does not parse counts as one)."""
+        value = self._latest_release(committed=False)
+        if value is None:
+            return False
+        try:
+            return ReleaseMessage.from_json(value).run_id == run_id
+        except ValueError:
+            return True
 
     def _read_record(self, timeout_s: float | None = None) -> PublicationRecord:
         try:

@@ -586,6 +586,8 @@ def test_admin_checks_and_checkpoint_topic(
     assert latest_with_key(bootstrap, topic, b"m/p0", **read) == b"ckpt-2"
     assert latest_with_key(bootstrap, topic, b"m/p1", **read) == b"other"
     assert latest_with_key(bootstrap, topic, b"m/p9", **read) is None
+    # What a consumer reading uncommitted saw: the aborted message too.
+    assert latest_with_key(bootstrap, topic, b"m/p0", committed=False, **read) == b"aborted"
     # Read backwards in growing windows: a key 70 messages back is found, one beyond the tail
     # is not.
     publisher = TransactionalPublisher(bootstrap, unique_name("txn"), client=kafka_client)

@@ -867,12 +867,22 @@ def test_a_second_instance_never_learns_beside_the_first(
             )  # fmt: skip
         )
     outs = [p.communicate(timeout=patience(ENGINE_FINISHES)) for p in procs]
-    codes = sorted(p.returncode for p in procs)
-    print(f"\ntwo new instances started together: exit codes {[p.returncode for p in procs]}")
-    assert codes[0] == 0 and codes[1] in (3, 5), (codes, [o[1][-2000:] for o in outs])
-    loser = outs[[p.returncode for p in procs].index(codes[1])][1]
-    reason = _last_line(loser)
-    assert "fenced" in reason or "has published" in reason or "existed before" in reason
+    rcs = [p.returncode for p in procs]
+    print(f"\ntwo new instances started together: exit codes {rcs}")
+    if 0 in rcs:
+        assert sorted(rcs)[1] in (3, 5), (rcs, [o[1][-2000:] for o in outs])
+        reason = _last_line(outs[rcs.index(sorted(rcs)[1])][1])
+        assert "fenced" in reason or "has published" in reason or "existed before" in reason
+    else:
+        # The narrow race: one became the writer after the other had registered and begun
+        # publishing. It fenced that one, found its aborted releases, and refused; the fenced
+        # instance, restarted, publishes the same releases again.
+        assert sorted(rcs) == [3, 5], (rcs, [o[1][-2000:] for o in outs])
+        line = _last_line(outs[rcs.index(3)][1])
+        assert "had begun publishing" in line or "has published" in line, line
+        fenced = ("c", "d")[rcs.index(5)]
+        rc, err, _ = _cli(tmp_path / fenced / "engine.toml")
+        assert rc == 0, err
     everything = read_all(bootstrap, names2["releases"])
     assert all(len(c) == 1 for c in copies_by_step(everything).values()), "no step twice"
     committed = parse_releases(read_all(bootstrap, names2["releases"], committed=True))
