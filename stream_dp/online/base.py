@@ -281,8 +281,8 @@ class PairwiseLearner(base.Estimator):
         must not be learned from; the learner's state and ledger are then left untouched.
         """
         unit = self._unit
-        if unit is not None:
-            key = unit.of(x)  # the schema ignores the unit field: x goes on without a copy
+        if unit is not None:  # the schema ignores the unit field: x goes on without a copy
+            key = x.get(unit.key) if type(x) is dict else unit.of(x)  # of()'s common case
         xv, yv = self._input.validate(x, y)
         s = self._state
         if s.exhausted or s.w is None:

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from stream_dp._jit import jitable
 from stream_dp.buffers import Buffer
 from stream_dp.huai import huai_sensitivity, is_release_step
 from stream_dp.online.mechanism import (
@@ -98,8 +99,9 @@ class OutputPerturbation(Mechanism):
         # k > 1 (a unit-level learner): every release is calibrated to k replaced records
         # (replaced_events_bound); the event-level cost of the same charges is kept beside it.
         self.max_events = int(max_events)
-        self.rho_event_spent = 0.0
-        self.rho_unit_spent = 0.0
+        #: ρ of the charges at the unit-level Δ and at one event's Δ (:func:`add_unit_costs`),
+        #: updated in place by both steps (the compiled one holds this array).
+        self.unit_rhos = np.zeros(2)
         self.n_charged = 0
         self.last_sigma: float | None = None
         self.last_sensitivity: float | None = None
@@ -163,9 +165,18 @@ class OutputPerturbation(Mechanism):
             return None
         self._charged(sens, sigma)
         if self.max_events > 1:
-            self.rho_unit_spent += gaussian_rho(sens, sigma)
-            self.rho_event_spent += gaussian_rho(self.event_sensitivity(t), sigma)
+            add_unit_costs(self.unit_rhos, sens, self.event_sensitivity(t), sigma)
         return w + self.noise.gaussian(t, (w.size,), sigma)
+
+    @property
+    def rho_unit_spent(self) -> float:
+        """ρ of this mechanism's charges, each at the Δ it was calibrated to (k > 1 only)."""
+        return float(self.unit_rhos[0])
+
+    @property
+    def rho_event_spent(self) -> float:
+        """ρ the same charges cost at one event's Δ (both 0 when k = 1: not kept)."""
+        return float(self.unit_rhos[1])
 
     def _charged(self, sens: float, sigma: float, count: int = 1) -> None:
         self.n_charged += count
@@ -259,10 +270,33 @@ class OutputPerturbation(Mechanism):
             raise ValueError(f"checkpoint was made with {stored!r}, this learner uses "
                              f"{self.schedule!r}")  # fmt: skip
         self.exhausted_why = state.get("exhausted_why")
-        self.rho_event_spent = float(state.get("rho_event_spent", 0.0))
-        self.rho_unit_spent = float(state.get("rho_unit_spent", 0.0))
+        # In place: the compiled step holds the array.
+        self.unit_rhos[:] = (state.get("rho_unit_spent", 0.0), state.get("rho_event_spent", 0.0))
         self._certain = 0
         self._ledger_len = -1
+
+
+@jitable
+def add_unit_costs(acc: np.ndarray, sens: float, event: float, sigma: float) -> None:
+    """Add one release's ρ at its Δ and at one event's Δ to ``acc`` (in place).
+
+    ``Δ²/(2σ²)`` as products, not :func:`~stream_dp.privacy.events.gaussian_rho`'s powers:
+    IEEE products are what both the compiled and the reference step compute bit for bit
+    (``x**2`` goes through the C library's ``pow``, which compiled code replaces by ``x*x``).
+    These sums only *report* the cost (the event-level ε beside the unit-level one); what is
+    charged is the ledger's event, costed by the accountant.
+
+    Examples
+    --------
+    >>> acc = np.zeros(2)
+    >>> add_unit_costs(acc, 0.6, 0.2, 1.0)  # k = 3 events of Δ 0.2
+    >>> acc.round(4).tolist()
+    [0.18, 0.02]
+
+    """
+    two_var = 2.0 * sigma * sigma
+    acc[0] += sens * sens / two_var
+    acc[1] += event * event / two_var
 
 
 # -- the compiled side ----------------------------------------------------------------------------
@@ -294,8 +328,9 @@ class OutputPerturbationSettings(NamedTuple):
     rhos: np.ndarray
     out_step: np.ndarray
     out_sens: np.ndarray
-    out_event: np.ndarray
     out_sigma: np.ndarray
+    #: The mechanism's :attr:`OutputPerturbation.unit_rhos`, added to at each release.
+    unit_rhos: np.ndarray
     #: Releases made in the run so far (one value; the run's ``begin`` hook resets it).
     count: np.ndarray
 
@@ -324,8 +359,9 @@ def _release(s, t, w, bound):  # pragma: no cover - compiled
     noise = sigma * s.Z[t % s.Z.shape[0]]
     s.out_step[r] = t
     s.out_sens[r] = sens
-    s.out_event[r] = event
     s.out_sigma[r] = sigma
+    if s.k > 1:
+        add_unit_costs(s.unit_rhos, sens, event, sigma)
     s.count[0] = r + 1
     return w + noise
 
@@ -366,7 +402,6 @@ class _Compiled(CompiledMechanism):
         self.rhos = np.zeros(rows)
         self.out_step = np.zeros(rows, dtype=np.int64)
         self.out_sens = np.zeros(rows)
-        self.out_event = np.zeros(rows)
         self.out_sigma = np.zeros(rows)
         self.count = np.zeros(1, dtype=np.int64)
         self._held: tuple = ()  # the tracker's arrays the settings hold
@@ -384,7 +419,7 @@ class _Compiled(CompiledMechanism):
             paper_alpha=float(paper[1]) if paper else 1.0, k=int(mech.max_events),
             T1=int(mech.warmup), every=int(mech.release_every), horizon=mech.horizon_code,
             Z=self.Z, rhos=self.rhos, out_step=self.out_step, out_sens=self.out_sens,
-            out_event=self.out_event, out_sigma=self.out_sigma, count=self.count,
+            out_sigma=self.out_sigma, unit_rhos=mech.unit_rhos, count=self.count,
         )  # fmt: skip
 
     def _check_held(self) -> None:
@@ -458,8 +493,3 @@ class _Compiled(CompiledMechanism):
             steps, sens_all, sigmas = self.out_step[:r], self.out_sens[:r], self.out_sigma[:r]
             mech.budget.charge(GaussianEvents(steps, sens_all, sigmas))
         mech._charged(sens, sigma, r)
-        if mech.max_events > 1:  # in release order, as the reference step adds them
-            for i in range(r):
-                sigma_i = self.out_sigma.item(i)
-                mech.rho_unit_spent += gaussian_rho(self.out_sens.item(i), sigma_i)
-                mech.rho_event_spent += gaussian_rho(self.out_event.item(i), sigma_i)
