@@ -187,7 +187,7 @@ class CommitCycle:
         self.unpublished = False
         self._inflight: _Publication | None = None
         #: Whether a run published anything, aborted messages included (None: cannot tell,
-        #: the releases go to no topic).
+        #: the releases go to a file).
         self.released_by: Callable[[str], bool] | None = None
 
     # -- identity --------------------------------------------------------------------------
@@ -267,8 +267,17 @@ class CommitCycle:
                 # Another new instance registered between this one's check and its becoming the
                 # writer, which fenced it. Its releases, if it had begun publishing, are in the
                 # log though aborted: a consumer reading uncommitted (Kafka's default) has seen
-                # them, and this run's releases of the same steps carry other noise.
-                if self.released_by is not None and self.released_by(p.run_id):
+                # them, and this run's releases of the same steps carry other noise. Releases
+                # to a file were written before the transaction, where this one cannot look.
+                if self.released_by is None:
+                    raise RunRefused(
+                        f"run {p.run_id} of model {self.model_id!r} started at the same moment "
+                        "and was fenced by this instance; its releases go to a file this one "
+                        "cannot read, so it may have begun publishing, and this run would "
+                        "publish other noise for the same steps. Restart that instance from its "
+                        "state directory; remove this one's"
+                    )
+                if self.released_by(p.run_id):
                     raise RunRefused(
                         f"run {p.run_id} of model {self.model_id!r} started at the same moment "
                         "and had begun publishing when this instance took over from it: its "
