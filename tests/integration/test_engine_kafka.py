@@ -890,6 +890,121 @@ def test_a_second_instance_never_learns_beside_the_first(
     assert len({r.run_id for r in committed}) == 1, "one instance published"
 
 
+def _instance_c(bootstrap: str, cfg: EngineConfig, names: dict, run_id: str, *, releasing: bool):
+    """Play instance c, a new run ``run_id`` of ``cfg``'s model, with a raw producer on the
+    model's transactional id: register (cycle 0's offsets, tagged, in a committed transaction)
+    and, if ``releasing``, begin cycle 1's transaction -- a release of step 1 and the offsets
+    past its record, sent and flushed -- and leave it open (c is still publishing)."""
+    from kafka import KafkaProducer, OffsetAndMetadata
+
+    from connectors.sources import COMMIT_METADATA_PREFIX
+    from stream_dp.engine.state import Published
+
+    def offsets(offset: int, seq: int) -> dict:
+        tag = COMMIT_METADATA_PREFIX + Published(run_id, seq).tag
+        return {TopicPartition(names["input"], 0): OffsetAndMetadata(offset, tag, -1)}
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=cfg.transactional_id)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction(offsets(0, 0), names["group"])
+    producer.commit_transaction()
+    if releasing:
+        release = ReleaseMessage(
+            model_id=names["model"],
+            run_id=run_id,
+            algorithm="OnPairStrC",
+            task="auc",
+            step=1,
+            release_index=1,
+            weights=[0.0] * len(FEATURES),
+            feature_names=FEATURES,
+            rho_spent=0.01,
+            rho_budget=1.0,
+            epsilon_spent=0.5,
+            delta=1e-5,
+            exhausted=False,
+        )
+        producer.begin_transaction()
+        producer.send(names["releases"], key=names["model"].encode(), value=release.to_json())
+        producer.send_offsets_to_transaction(offsets(1, 1), names["group"])
+        producer.flush()
+    return producer
+
+
+@pytest.mark.parametrize("releasing", [True, False], ids=["c-publishing", "c-registered"])
+def test_a_run_fenced_mid_publication_is_never_released_over(
+    kafka_broker: KafkaBroker, unique_name, tmp_path, caplog, monkeypatch, releasing
+):
+    """Two new instances of one model, c and d, started together (the race of the test above,
+    made deterministic): d checks the group's record before c registers, and becomes the writer
+    after c registered -- fencing c. If c's transaction of releases was open then, the broker
+    aborts it but its messages stay in the log for read_uncommitted consumers: d must refuse
+    (exit code 3, naming c's run) and publish nothing, or it would release the same steps under
+    other noise. If c had released nothing, d continues and is the model's only publisher."""
+    from kafka.errors import KafkaError
+
+    from connectors.transactions import FENCING_ERRORS
+    from stream_dp.engine.errors import StateError
+    from stream_dp.engine.startup import Startup
+
+    bootstrap = kafka_broker.bootstrap
+    n = 40
+    names = names_for(unique_name)
+    create_topic(bootstrap, names["input"], partitions=1)
+    produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
+    cfg = EngineConfig.model_validate(engine_config(tmp_path, bootstrap, names, seed=None))
+    run_c = "c" * 32
+    c: list = []
+    become_writer = Startup.become_writer
+
+    def c_registers_first(startup: Startup) -> None:
+        # d has checked the record (nothing there yet) and is about to become the writer.
+        if not c:
+            assert startup.cycle.seq == 0 and startup.cycle.prior is None
+            c.append(_instance_c(bootstrap, cfg, names, run_c, releasing=releasing))
+        become_writer(startup)
+
+    monkeypatch.setattr(Startup, "become_writer", c_registers_first)
+    engine = Engine(cfg, max_records=n)
+    try:
+        with caplog.at_level("WARNING", logger="stream_dp.engine"):
+            if releasing:
+                with pytest.raises(StateError) as refused:
+                    engine.run()
+            else:
+                engine.run()
+        assert len(c) == 1, "c registered before d became the writer"
+        if releasing:
+            # d's init_transactions aborted c's open transaction: c is fenced.
+            with pytest.raises(KafkaError) as fenced:
+                c[0].commit_transaction()
+            assert type(fenced.value).__name__ in FENCING_ERRORS, fenced.value
+    finally:
+        for producer in c:
+            producer.close(timeout=1)
+    run_d = engine.cycle.run_id
+    assert run_d not in (None, run_c)
+    raw = read_all(bootstrap, names["releases"])
+    everything = parse_releases(raw)
+    if releasing:
+        message = " ".join(str(refused.value).split())
+        assert refused.value.exit_code == 3
+        assert f"run {run_c}" in message and "had begun publishing" in message, message
+        assert "Restart that instance from its state directory" in message, message
+        # What a read_uncommitted consumer sees: c's aborted release, nothing of d's run.
+        assert [(r.run_id, r.step) for r in everything] == [(run_c, 1)]
+        assert read_all(bootstrap, names["releases"], committed=True) == []
+        assert not (tmp_path / "state" / "model.ckpt").exists(), "d's run never began"
+    else:
+        warned = [r.getMessage() for r in caplog.records if "same moment" in r.getMessage()]
+        assert warned and run_c in warned[0] and "published nothing" in warned[0], warned
+        assert engine.learner.step == n
+        assert {r.run_id for r in everything} == {run_d}
+        assert [r.step for r in everything] == list(range(1, n + 1))
+        assert read_all(bootstrap, names["releases"], committed=True) == raw
+
+
 @pytest.mark.scenario
 def test_a_lost_state_directory_is_refused_and_a_kill_at_start_is_harmless(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
