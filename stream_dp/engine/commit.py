@@ -402,7 +402,7 @@ class CommitCycle:
             yield
         except ProducerFenced as err:
             raise Fenced(
-                f"{err}; the {len(self.outbox)} message(s) of cycle {self.seq} were not published"
+                f"{err}; the {len(self.outbox)} message(s) of cycle {self.seq} were not committed"
             ) from None
 
     def pending(self, positions: dict) -> bool:

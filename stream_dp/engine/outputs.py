@@ -191,7 +191,8 @@ class Outputs:
         ``given`` maps ``"releases"`` and ``"dead_letters"`` to a sink the caller passed instead
         of the configured one (None: the configured one). Kafka topics share one transactional
         publisher (the model's transactional id); a Kafka source on the same cluster commits
-        its offsets in the publisher's transactions.
+        its offsets in the publisher's transactions. A Kafka source whose outputs are all files
+        commits them through a publisher of its own cluster, for the fencing.
         """
         from connectors.partition import PartitionSource
         from connectors.sources import KafkaSource
@@ -211,8 +212,13 @@ class Outputs:
                 )
         if config.scale.checkpoint_topic is not None:
             sinks[CHECKPOINTS] = config.scale.checkpoint_topic
-        publisher = None if topic_cfg is None else _publisher(config, topic_cfg)
         kafka_source = source if isinstance(source, KafkaSource | PartitionSource) else None
+        if topic_cfg is None and kafka_source is not None:
+            # Files only, yet the model's transactional id commits the offsets: the broker then
+            # fences a second instance of the model, as it does for topics; without it two
+            # instances started at the same moment would both learn and release.
+            topic_cfg = config.source
+        publisher = None if topic_cfg is None else _publisher(config, topic_cfg)
         return cls(
             sinks,
             publisher=publisher,

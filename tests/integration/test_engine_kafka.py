@@ -1005,6 +1005,57 @@ def test_a_run_fenced_mid_publication_is_never_released_over(
         assert read_all(bootstrap, names["releases"], committed=True) == raw
 
 
+def test_with_releases_to_files_a_second_instance_is_fenced_all_the_same(
+    kafka_broker: KafkaBroker, unique_name, tmp_path, monkeypatch
+):
+    """A Kafka source whose outputs are files: the offsets still commit through the model's
+    transactional id, so the broker fences a second instance. Instance c starts between d's
+    last reading of the group's record and d's registration: c fences d, which has released
+    nothing (its releases would carry other noise), and c's is the model's only history."""
+    from stream_dp.engine.errors import Fenced
+    from stream_dp.engine.startup import Startup
+
+    bootstrap = kafka_broker.bootstrap
+    n = 40
+    names = names_for(unique_name)
+    create_topic(bootstrap, names["input"], partitions=1)
+    produce(bootstrap, names["input"], [json.dumps(valid_record(i)).encode() for i in range(n)])
+    cfgs = {}
+    for who in ("c", "d"):
+        d = engine_config(tmp_path / who, bootstrap, names, seed=None)
+        d["releases"] = {"kind": "jsonl", "path": str(tmp_path / who / "releases.jsonl")}
+        d["dead_letters"] = {"kind": "jsonl", "path": str(tmp_path / who / "dead.jsonl")}
+        cfgs[who] = EngineConfig.model_validate(d)
+    c_engine = Engine(cfgs["c"], max_records=n)
+    read_record, reads = Startup._read_record, []
+
+    def c_starts_before_d_registers(startup, *args, **kwargs):
+        record = read_record(startup, *args, **kwargs)
+        if startup.config is cfgs["d"]:
+            reads.append(record)
+            if len(reads) == 2:  # the reading in recover(), right before d registers
+                c_engine.start()
+        return record
+
+    monkeypatch.setattr(Startup, "_read_record", c_starts_before_d_registers)
+    d_engine = Engine(cfgs["d"], max_records=n)
+    try:
+        with pytest.raises(Fenced):
+            d_engine.run()
+        c_engine._loop()
+        c_engine.finish()
+    finally:
+        c_engine.close()
+    assert len(reads) == 2 and all(r.published is None for r in reads)
+    assert (
+        not (tmp_path / "d" / "releases.jsonl").exists()
+        or not (tmp_path / "d" / "releases.jsonl").read_text().strip()
+    ), "d released nothing"
+    rows = [json.loads(x) for x in (tmp_path / "c" / "releases.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, n + 1))
+    assert {r["run_id"] for r in rows} == {c_engine.cycle.run_id}
+
+
 @pytest.mark.scenario
 def test_a_lost_state_directory_is_refused_and_a_kill_at_start_is_harmless(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
