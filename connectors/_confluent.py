@@ -380,7 +380,9 @@ class ConfluentConsumer:
 
     # -- metadata and offsets ------------------------------------------------------------
     def partitions_for_topic(self, topic: str) -> set[int] | None:
-        md = self._call(self._c.list_topics, topic, timeout=self.metadata_timeout_s)
+        md = self._bounded(
+            "reading the topic's partitions", self.metadata_timeout_s, self._c.list_topics, topic
+        )
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:
             if t is not None and t.error is not None and t.error.code() not in (3, -188):
@@ -493,11 +495,7 @@ class ConfluentConsumer:
         except Exception:  # noqa: BLE001 - no answer: the cluster is away (or the handle)
             return
         self.wedged = True
-        rdkafka_log.warning(
-            "offset commit without an answer for %.1f s while the cluster answers "
-            "(librdkafka issue #3740): the group's offsets go through a new consumer",
-            job.age(),
-        )
+        rdkafka_log.debug("offset commit without an answer for %.1f s; wedged", job.age())
 
     def group_metadata(self) -> Any:
         return self._call(self._c.consumer_group_metadata)

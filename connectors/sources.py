@@ -554,6 +554,12 @@ class KafkaSource:
     is lost or repeated. Non-retriable errors (authentication, authorisation, configuration)
     are raised.
 
+    **A commit without an answer** (confluent-kafka: librdkafka can keep a synchronous commit
+    going without end after a broker restart) is a failed commit, never a success. Once it has
+    outlived its bound while the cluster answers, the group's offsets are committed and read
+    through a new consumer; the reading consumer and its positions stay as they are. If the
+    old commit lands after all, the newest offsets are committed again after it.
+
     Values that are ``None`` (tombstones) are delivered as empty payloads so they are
     dead-lettered and counted rather than silently dropped.
 
@@ -680,8 +686,8 @@ class KafkaSource:
                 return current
             old, self._committer = self._committer, self._new_consumer()
             log.warning(
-                "topic %s: the group's offsets now go through a new consumer (a commit on the "
-                "old one had no answer while the cluster answered)",
+                "topic %s: an offset commit had no answer while the cluster answered (librdkafka "
+                "issue #3740); the group's offsets now go through a new consumer",
                 self.topic,
             )
         if old is not None:
