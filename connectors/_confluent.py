@@ -666,7 +666,8 @@ class _Commit(threading.Thread):
 
     def __init__(self, consumer: ConfluentConsumer, parts: list[Any], offsets: dict) -> None:
         super().__init__(name="stream-dp-kafka-commit", daemon=True)
-        self.consumer, self.parts, self.offsets = consumer, parts, offsets
+        self.consumer: ConfluentConsumer | None = consumer
+        self.parts, self.offsets = parts, offsets
         self.began = time.monotonic()
         self.finished = threading.Event()
         self.result: Any = None
@@ -684,7 +685,10 @@ class _Commit(threading.Thread):
             return self._abandoned
 
     def run(self) -> None:
-        consumer = self.consumer
+        # No reference back from here: a consumer whose last reference went in a collection of
+        # a cycle would be destroyed on whichever thread collects it, and that can wait as
+        # long as a commit does.
+        consumer, self.consumer = self.consumer, None
         try:
             self.result = consumer._call(consumer._c.commit, offsets=self.parts, asynchronous=False)
         except BaseException as exc:  # noqa: BLE001 - handed to the committing thread

@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -669,7 +670,17 @@ class KafkaSource:
     def _new_consumer(self) -> Any:
         consumer = self.client.consumer(**self._config)
         if hasattr(consumer, "on_late_commit"):  # confluent-kafka
-            consumer.on_late_commit = self._late_commit
+            # Weakly: no cycle between the source and its consumers, so a source dropped
+            # without close() goes at once (a collected cycle would close the consumer on
+            # whichever thread collects it).
+            late = weakref.WeakMethod(self._late_commit)
+
+            def report(offsets: dict[Any, Any]) -> None:
+                method = late()
+                if method is not None:
+                    method(offsets)
+
+            consumer.on_late_commit = report
         return consumer
 
     def _offsets_consumer(self) -> Any:
