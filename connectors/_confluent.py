@@ -41,7 +41,7 @@ CLOSE_WAIT_S = 5.0
 #: How far past its own timeout a librdkafka call may go before it is given up on.
 OVERRUN_S = 5.0
 
-#: The bound on the metadata request that tells an outage from a commit that never ends.
+#: The bound on the metadata request that tells an outage from a call that never ends.
 PROBE_S = 2.0
 
 
@@ -197,6 +197,7 @@ def _local_errors() -> dict[int, type]:
         -195: E.KafkaConnectionError,  # _TRANSPORT
         -187: E.KafkaConnectionError,  # _ALL_BROKERS_DOWN
         -193: E.KafkaConnectionError,  # _RESOLVE
+        -180: E.CoordinatorNotAvailableError,  # _WAIT_COORD
         -144: E.ProducerFencedError,  # _FENCED
         -172: E.IllegalStateError,  # _STATE
         -169: E.SaslAuthenticationFailedError,  # _AUTHENTICATION
@@ -333,6 +334,10 @@ class ConfluentConsumer:
 
             config["group_id"] = f"stream-dp-reader-{uuid.uuid4().hex}"
         self._errors = _ErrorLog("consumer")
+        #: Where a new handle finds the cluster (:meth:`_cluster_answers`).
+        self._probe_conf = librdkafka_config(
+            "KafkaConsumer", {k: v for k, v in config.items() if k in _COMMON or "." in k}
+        )
         self._c = _construct(
             Consumer,
             {
@@ -426,8 +431,8 @@ class ConfluentConsumer:
 
     def _bounded(self, what: str, timeout: float, fn: Callable[..., Any], *args: Any, **kw: Any):
         """``fn(*args, timeout=timeout, **kw)``, given up on (a retriable timeout) when
-        librdkafka overruns its own timeout by :data:`OVERRUN_S`; the handle is then
-        :attr:`wedged`."""
+        librdkafka overruns its own timeout by :data:`OVERRUN_S` (as it does behind a commit
+        of this handle without an answer); see :meth:`_judge`."""
         from kafka.errors import KafkaTimeoutError
 
         ended = threading.Event()
@@ -444,7 +449,7 @@ class ConfluentConsumer:
             )
         except KafkaTimeoutError:
             if not ended.is_set():  # librdkafka's own timeout is an answer; this is none
-                self.wedged = True
+                self._judge(f"{what}: no answer")
             raise
 
     def commit(self, offsets: dict[Any, Any] | None = None, timeout_ms: int | None = None):
@@ -467,7 +472,7 @@ class ConfluentConsumer:
         with self._commit_lock:
             job = self._commit
             if job is not None and not job.finished.wait(timeout):
-                self._judge(job)
+                self._judge(f"offset commit without an answer for {job.age():.1f} s")
                 raise KafkaTimeoutError(
                     f"offset commit: the commit before, begun {job.age():.1f} s ago, has had "
                     "no answer"
@@ -476,7 +481,7 @@ class ConfluentConsumer:
             job = self._commit = _Commit(self, parts, dict(offsets))
             job.start()
             if not job.finished.wait(max(0.0, deadline - time.monotonic())) and job.abandon():
-                self._judge(job)
+                self._judge(f"offset commit without an answer for {job.age():.1f} s")
                 raise KafkaTimeoutError(f"offset commit: no answer within {timeout:.1f} s")
             self._commit = None
         if job.error is not None:
@@ -485,17 +490,26 @@ class ConfluentConsumer:
             if ctp.error is not None:
                 raise kafka_error(ctp.error)
 
-    def _judge(self, job: _Commit) -> None:
-        """A commit past its bound: wedged if the cluster answers meanwhile (an outage is
-        waited out on the same handle, which answers its commits in order when it ends)."""
-        if self.wedged:
-            return
+    def _judge(self, what: str) -> None:
+        """A call past its bound: the handle is :attr:`wedged` if the cluster answers
+        meanwhile. An outage is not: librdkafka ends a commit that waits for its coordinator
+        after ``session.timeout.ms``, and answers this handle's commits in order."""
+        if not self.wedged and self._cluster_answers():
+            self.wedged = True
+            rdkafka_log.debug("%s while the cluster answers: this consumer is wedged", what)
+
+    def _cluster_answers(self) -> bool:
+        """Whether a metadata request of a new handle is answered within :data:`PROBE_S`
+        (this one's wait behind its own commit without an answer)."""
+        from confluent_kafka.admin import AdminClient
+
         try:
-            self._bounded("probing the cluster", PROBE_S, self._c.list_topics)
-        except Exception:  # noqa: BLE001 - no answer: the cluster is away (or the handle)
-            return
-        self.wedged = True
-        rdkafka_log.debug("offset commit without an answer for %.1f s; wedged", job.age())
+            # Quiet: its lines would repeat the consumer's own about the same outage.
+            probe = AdminClient({**self._probe_conf, "logger": rdkafka_log, "log_level": 0})
+            bounded_call(lambda: probe.list_topics(timeout=PROBE_S), PROBE_S + OVERRUN_S, "probe")
+        except Exception:  # noqa: BLE001 - no answer, whatever the reason
+            return False
+        return True
 
     def group_metadata(self) -> Any:
         return self._call(self._c.consumer_group_metadata)

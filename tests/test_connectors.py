@@ -745,10 +745,10 @@ def test_confluent_producer_waits_only_for_a_discarded_ones_init() -> None:
 
 class _RdConsumer:
     """A librdkafka consumer handle: a ``stuck`` one never answers a commit (librdkafka issue
-    #3740) until ``release``; every handle answers metadata unless the cluster is ``away``."""
+    #3740) until ``release``."""
 
-    def __init__(self, stuck: bool, away: bool) -> None:
-        self.stuck, self.away = stuck, away
+    def __init__(self, stuck: bool) -> None:
+        self.stuck = stuck
         self.release = threading.Event()
         self.landed: list[int] = []  # offsets of partition 0, in the order commits landed
         self.changed = threading.Condition()
@@ -767,13 +767,6 @@ class _RdConsumer:
             self.release.wait(patience(30))
         return partitions
 
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
-        from confluent_kafka import KafkaError, KafkaException
-
-        if self.away:
-            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
-        return types.SimpleNamespace(topics={})
-
     def consumer_group_metadata(self) -> str:
         return "group-metadata"
 
@@ -785,13 +778,35 @@ class _RdConsumer:
         self.release.set()
 
 
-def _rd_consumers(monkeypatch: pytest.MonkeyPatch, *handles: _RdConsumer) -> list[_RdConsumer]:
-    """``confluent_kafka.Consumer`` handing out ``handles`` in turn; the ones handed out."""
+class _RdAdmin:
+    """A librdkafka handle that probes the cluster: answered unless the cluster is ``away``."""
+
+    away = False
+
+    def __init__(self, conf: dict) -> None:
+        pass
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.away:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        return types.SimpleNamespace(topics={})
+
+
+def _rd_consumers(
+    monkeypatch: pytest.MonkeyPatch, *handles: _RdConsumer, away: bool
+) -> list[_RdConsumer]:
+    """``confluent_kafka.Consumer`` handing out ``handles`` in turn (the ones handed out are
+    returned), beside a cluster that is ``away`` or answers."""
     import confluent_kafka
+    import confluent_kafka.admin
 
     made: list[_RdConsumer] = []
     monkeypatch.setattr(confluent_kafka, "Consumer", lambda conf: made.append(handles[len(made)])
                         or made[-1])  # fmt: skip
+    monkeypatch.setattr(_RdAdmin, "away", away)
+    monkeypatch.setattr(confluent_kafka.admin, "AdminClient", _RdAdmin)
     return made
 
 
@@ -808,8 +823,8 @@ def test_confluent_commit_that_never_ends_goes_through_a_new_consumer(
     from connectors import _confluent
 
     monkeypatch.setattr(_confluent, "OVERRUN_S", 0.2)
-    stuck, fresh = _RdConsumer(stuck=True, away=False), _RdConsumer(stuck=False, away=False)
-    made = _rd_consumers(monkeypatch, stuck, fresh)
+    stuck, fresh = _RdConsumer(stuck=True), _RdConsumer(stuck=False)
+    made = _rd_consumers(monkeypatch, stuck, fresh, away=False)
     src = KafkaSource("t", "127.0.0.1:1", "g", commit_timeout_s=1.0, client="confluent-kafka")
     try:
         src.seek({"t:0": 5})
@@ -843,8 +858,8 @@ def test_confluent_commit_waits_out_an_outage_on_the_same_consumer(
     same consumer (librdkafka answers them in order once the cluster is back): no consumer
     is added per attempt."""
     pytest.importorskip("confluent_kafka")
-    handle = _RdConsumer(stuck=True, away=True)
-    made = _rd_consumers(monkeypatch, handle)
+    handle = _RdConsumer(stuck=True)
+    made = _rd_consumers(monkeypatch, handle, away=True)
     src = KafkaSource("t", "127.0.0.1:1", "g", commit_timeout_s=1.0, client="confluent-kafka")
     try:
         assert src.commit({"t:0": 5}) is False
