@@ -11,9 +11,10 @@ Adapts ``confluent_kafka``'s consumer, producer and admin client to the calls
 * **Behaviour** the connectors rely on is kept: a first send to a topic waits for its
   metadata at most ``max_block_ms`` (kafka-python's rule, which makes an unreachable broker an
   error at :meth:`send` rather than a silent queue), ``seek`` works on a partition assigned a
-  moment ago, a commit is bounded by its ``timeout_ms``, and keyed messages are partitioned by
-  murmur2 like kafka-python and the Java client (librdkafka's default is CRC32), so a model's
-  releases land on the same partition whichever client wrote them.
+  moment ago, a commit is bounded by its ``timeout_ms`` (and every other call that waits for
+  the broker by its own timeout, even where librdkafka overruns it), and keyed messages are
+  partitioned by murmur2 like kafka-python and the Java client (librdkafka's default is
+  CRC32), so a model's releases land on the same partition whichever client wrote them.
 * **Logging** goes to the ``kafka.librdkafka`` logger at the severity that logger lets
   through, instead of librdkafka's own lines on stderr.
 """
@@ -36,6 +37,12 @@ rdkafka_log = logging.getLogger("kafka.librdkafka")
 
 #: How long closing a consumer may wait for the broker before it is left to finish alone.
 CLOSE_WAIT_S = 5.0
+
+#: How far past its own timeout a librdkafka call may go before it is given up on.
+OVERRUN_S = 5.0
+
+#: The bound on the metadata request that tells an outage from a call that never ends.
+PROBE_S = 2.0
 
 
 # -- settings --------------------------------------------------------------------------------
@@ -190,6 +197,7 @@ def _local_errors() -> dict[int, type]:
         -195: E.KafkaConnectionError,  # _TRANSPORT
         -187: E.KafkaConnectionError,  # _ALL_BROKERS_DOWN
         -193: E.KafkaConnectionError,  # _RESOLVE
+        -180: E.CoordinatorNotAvailableError,  # _WAIT_COORD
         -144: E.ProducerFencedError,  # _FENCED
         -172: E.IllegalStateError,  # _STATE
         -169: E.SaslAuthenticationFailedError,  # _AUTHENTICATION
@@ -326,6 +334,10 @@ class ConfluentConsumer:
 
             config["group_id"] = f"stream-dp-reader-{uuid.uuid4().hex}"
         self._errors = _ErrorLog("consumer")
+        #: Where a new handle finds the cluster (:meth:`_cluster_answers`).
+        self._probe_conf = librdkafka_config(
+            "KafkaConsumer", {k: v for k, v in config.items() if k in _COMMON or "." in k}
+        )
         self._c = _construct(
             Consumer,
             {
@@ -343,6 +355,16 @@ class ConfluentConsumer:
         self._pending: BaseException | None = None
         self._listener: Any = None
         self._closed = False
+        #: The last offset commit, while librdkafka has not answered it: later commits wait for
+        #: it rather than pile up behind it.
+        self._commit: _Commit | None = None
+        self._commit_lock = threading.Lock()
+        #: Whether a call on this handle outlived its bound while the cluster answered
+        #: (librdkafka issue #3740: a commit that never ends): its group offsets are better
+        #: committed and read by another consumer.
+        self.wedged = False
+        #: Called with the offsets of a commit given up on that succeeded after all.
+        self.on_late_commit: Callable[[dict], None] | None = None
 
     def _ctp(self, tp: Any, offset: int | None = None, metadata: str | None = None) -> Any:
         from confluent_kafka import TopicPartition
@@ -363,7 +385,9 @@ class ConfluentConsumer:
 
     # -- metadata and offsets ------------------------------------------------------------
     def partitions_for_topic(self, topic: str) -> set[int] | None:
-        md = self._call(self._c.list_topics, topic, timeout=self.metadata_timeout_s)
+        md = self._bounded(
+            "reading the topic's partitions", self.metadata_timeout_s, self._c.list_topics, topic
+        )
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:
             if t is not None and t.error is not None and t.error.code() not in (3, -188):
@@ -375,7 +399,9 @@ class ConfluentConsumer:
         from kafka import OffsetAndMetadata
 
         timeout = self.request_timeout_s if timeout_ms is None else timeout_ms / 1000
-        (got,) = self._call(self._c.committed, [self._ctp(partition)], timeout=timeout)
+        (got,) = self._bounded(
+            "reading the committed offset", timeout, self._c.committed, [self._ctp(partition)]
+        )
         if got.error is not None:
             raise kafka_error(got.error)
         if got.offset < 0:
@@ -386,8 +412,12 @@ class ConfluentConsumer:
         timeout = self.request_timeout_s if timeout_ms is None else timeout_ms / 1000
         out = {}
         for tp in partitions:
-            marks = self._call(
-                self._c.get_watermark_offsets, self._ctp(tp), timeout=timeout, cached=False
+            marks = self._bounded(
+                "reading the log's offsets",
+                timeout,
+                self._c.get_watermark_offsets,
+                self._ctp(tp),
+                cached=False,
             )
             out[tp] = marks[which]
         return out
@@ -399,19 +429,87 @@ class ConfluentConsumer:
         # With read_committed, the last stable offset (as kafka-python's).
         return self._watermarks(partitions, timeout_ms, 1)
 
+    def _bounded(self, what: str, timeout: float, fn: Callable[..., Any], *args: Any, **kw: Any):
+        """``fn(*args, timeout=timeout, **kw)``, given up on (a retriable timeout) when
+        librdkafka overruns its own timeout by :data:`OVERRUN_S` (as it does behind a commit
+        of this handle without an answer); see :meth:`_judge`."""
+        from kafka.errors import KafkaTimeoutError
+
+        ended = threading.Event()
+
+        def call() -> Any:
+            try:
+                return self._call(fn, *args, timeout=timeout, **kw)
+            finally:
+                ended.set()
+
+        try:
+            return bounded_call(
+                call, timeout + OVERRUN_S, f"{what}: no answer within {timeout + OVERRUN_S:.1f} s"
+            )
+        except KafkaTimeoutError:
+            if not ended.is_set():  # librdkafka's own timeout is an answer; this is none
+                self._judge(f"{what}: no answer")
+            raise
+
     def commit(self, offsets: dict[Any, Any] | None = None, timeout_ms: int | None = None):
+        """Commit ``offsets`` synchronously, waiting at most ``timeout_ms``.
+
+        librdkafka's synchronous commit has no timeout, and one made while the group
+        coordinator is away can go on without end (librdkafka issue #3740). It runs in a
+        worker thread; past the bound it is given up on (a retriable ``KafkaTimeoutError``:
+        never taken for a success) and the next commit waits for it first, as librdkafka
+        would answer them in order anyway. A commit given up on while the cluster answers a
+        metadata request marks the handle :attr:`wedged`; one that succeeds after all is
+        reported to :attr:`on_late_commit`.
+        """
+        from kafka.errors import KafkaTimeoutError
+
         if not offsets:
             return
-        parts = [self._ctp(tp, m.offset, m.metadata or "") for tp, m in offsets.items()]
         timeout = self.request_timeout_s if timeout_ms is None else timeout_ms / 1000
-        done = bounded_call(
-            lambda: self._call(self._c.commit, offsets=parts, asynchronous=False),
-            timeout,
-            f"offset commit: no answer within {timeout:.1f} s",
-        )
-        for ctp in done or ():
+        deadline = time.monotonic() + timeout
+        with self._commit_lock:
+            job = self._commit
+            if job is not None and not job.finished.wait(timeout):
+                self._judge(f"offset commit without an answer for {job.age():.1f} s")
+                raise KafkaTimeoutError(
+                    f"offset commit: the commit before, begun {job.age():.1f} s ago, has had "
+                    "no answer"
+                )
+            parts = [self._ctp(tp, m.offset, m.metadata or "") for tp, m in offsets.items()]
+            job = self._commit = _Commit(self, parts, dict(offsets))
+            job.start()
+            if not job.finished.wait(max(0.0, deadline - time.monotonic())) and job.abandon():
+                self._judge(f"offset commit without an answer for {job.age():.1f} s")
+                raise KafkaTimeoutError(f"offset commit: no answer within {timeout:.1f} s")
+            self._commit = None
+        if job.error is not None:
+            raise job.error
+        for ctp in job.result or ():
             if ctp.error is not None:
                 raise kafka_error(ctp.error)
+
+    def _judge(self, what: str) -> None:
+        """A call past its bound: the handle is :attr:`wedged` if the cluster answers
+        meanwhile. An outage is not: librdkafka ends a commit that waits for its coordinator
+        after ``session.timeout.ms``, and answers this handle's commits in order."""
+        if not self.wedged and self._cluster_answers():
+            self.wedged = True
+            rdkafka_log.debug("%s while the cluster answers: this consumer is wedged", what)
+
+    def _cluster_answers(self) -> bool:
+        """Whether a metadata request of a new handle is answered within :data:`PROBE_S`
+        (this one's wait behind its own commit without an answer)."""
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            # Quiet: its lines would repeat the consumer's own about the same outage.
+            probe = AdminClient({**self._probe_conf, "logger": rdkafka_log, "log_level": 0})
+            bounded_call(lambda: probe.list_topics(timeout=PROBE_S), PROBE_S + OVERRUN_S, "probe")
+        except Exception:  # noqa: BLE001 - no answer, whatever the reason
+            return False
+        return True
 
     def group_metadata(self) -> Any:
         return self._call(self._c.consumer_group_metadata)
@@ -570,6 +668,56 @@ class ConfluentConsumer:
             )
         except KafkaTimeoutError as err:
             rdkafka_log.debug("%s; left to finish in the background", err)
+
+
+class _Commit(threading.Thread):
+    """One synchronous offset commit, in its own thread so that it can be given up on.
+
+    The thread holds the handle until librdkafka answers; a commit given up on
+    (:meth:`abandon`) that succeeds after all is reported to the consumer's
+    ``on_late_commit``, whose offsets may now be older than the group's newest.
+    """
+
+    def __init__(self, consumer: ConfluentConsumer, parts: list[Any], offsets: dict) -> None:
+        super().__init__(name="stream-dp-kafka-commit", daemon=True)
+        self.consumer: ConfluentConsumer | None = consumer
+        self.parts, self.offsets = parts, offsets
+        self.began = time.monotonic()
+        self.finished = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def age(self) -> float:
+        return time.monotonic() - self.began
+
+    def abandon(self) -> bool:
+        """Give it up, unless it has just finished (False: its outcome stands)."""
+        with self._lock:
+            self._abandoned = not self.finished.is_set()
+            return self._abandoned
+
+    def run(self) -> None:
+        # No reference back from here: a consumer whose last reference went in a collection of
+        # a cycle would be destroyed on whichever thread collects it, and that can wait as
+        # long as a commit does.
+        consumer, self.consumer = self.consumer, None
+        try:
+            self.result = consumer._call(consumer._c.commit, offsets=self.parts, asynchronous=False)
+        except BaseException as exc:  # noqa: BLE001 - handed to the committing thread
+            self.error = exc
+        with self._lock:
+            # Set before the report: a commit waiting for this one must not wait for it too.
+            self.finished.set()
+            late = self._abandoned
+        ok = self.error is None and all(c.error is None for c in self.result or ())
+        report = consumer.on_late_commit
+        if late and ok and report is not None:
+            try:
+                report(self.offsets)
+            except Exception:  # noqa: BLE001 - a background thread: logged, never raised
+                rdkafka_log.exception("after an offset commit that was given up on")
 
 
 class _Delivery:

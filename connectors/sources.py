@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -554,6 +555,12 @@ class KafkaSource:
     is lost or repeated. Non-retriable errors (authentication, authorisation, configuration)
     are raised.
 
+    **A commit without an answer** (confluent-kafka: librdkafka can keep a synchronous commit
+    going without end after a broker restart) is a failed commit, never a success. Once it has
+    outlived its bound while the cluster answers, the group's offsets are committed and read
+    through a new consumer; the reading consumer and its positions stay as they are. If the
+    old commit lands after all, the newest offsets are committed again after it.
+
     Values that are ``None`` (tombstones) are delivered as empty payloads so they are
     dead-lettered and counted rather than silently dropped.
 
@@ -619,6 +626,15 @@ class KafkaSource:
             "isolation_level": "read_committed",
         }
         self._consumer: Any = None
+        #: The consumer of the group's offsets once the reading one is wedged (see
+        #: :meth:`_offsets_consumer`); None while the reading one serves.
+        self._committer: Any = None
+        self._committer_lock = threading.Lock()
+        #: One commit at a time, so that a commit sent again (:meth:`_late_commit`) never
+        #: overtakes a newer one.
+        self._commit_lock = threading.Lock()
+        #: The offsets of the last :meth:`commit` asked for: the newest publication record.
+        self._latest: dict[Any, Any] | None = None
         self._group_metadata: Any = None
         self._assigned: list[Any] = []
         self._last_refresh = -float("inf")
@@ -642,7 +658,7 @@ class KafkaSource:
         if self._closed:
             raise ValueError("KafkaSource is closed")
         if self._consumer is None:
-            self._consumer = self.client.consumer(**self._config)
+            self._consumer = self._new_consumer()
             # Never joined (assigned partitions): its group metadata does not change, and is
             # read here once rather than from the publication thread (consumers are not
             # thread-safe).
@@ -650,6 +666,62 @@ class KafkaSource:
             self._assigned = []
             self._last_refresh = -float("inf")
         return self._consumer
+
+    def _new_consumer(self) -> Any:
+        consumer = self.client.consumer(**self._config)
+        if hasattr(consumer, "on_late_commit"):  # confluent-kafka
+            # Weakly: no cycle between the source and its consumers, so a source dropped
+            # without close() goes at once (a collected cycle would close the consumer on
+            # whichever thread collects it).
+            late = weakref.WeakMethod(self._late_commit)
+
+            def report(offsets: dict[Any, Any]) -> None:
+                method = late()
+                if method is not None:
+                    method(offsets)
+
+            consumer.on_late_commit = report
+        return consumer
+
+    def _offsets_consumer(self) -> Any:
+        """The consumer that commits and reads the group's offsets: the reading one, or,
+        once a commit on it never ended (confluent-kafka, librdkafka issue #3740), another
+        one that only does that. The reading consumer and its positions are left as they
+        are: no record is read again or skipped. A wedged committer is replaced in turn,
+        and closed in the background (its closing may wait as long as its commit).
+        """
+        reader = self._ensure_consumer()
+        with self._committer_lock:
+            current = self._committer or reader
+            if not getattr(current, "wedged", False):
+                return current
+            old, self._committer = self._committer, self._new_consumer()
+            log.warning(
+                "topic %s: an offset commit had no answer while the cluster answered (librdkafka "
+                "issue #3740); the group's offsets now go through a new consumer",
+                self.topic,
+            )
+        if old is not None:
+            threading.Thread(target=old.close, name="stream-dp-kafka-close", daemon=True).start()
+        return self._committer
+
+    def _late_commit(self, offsets: dict[Any, Any]) -> None:
+        """A commit given up on has succeeded after all: commit the newest offsets again if
+        it was older, so that the group's record never goes back (a consumer's background
+        thread calls this)."""
+        with self._commit_lock:
+            latest = self._latest
+            if latest is None or latest == offsets or self._closed:
+                return
+            try:
+                self._offsets_consumer().commit(offsets=latest, timeout_ms=self.request_timeout_ms)
+            except Exception as err:  # noqa: BLE001 - the next commit() covers it
+                log.warning(
+                    "topic %s: an older commit was answered late; committing the newest offsets "
+                    "again failed (%s): the next commit covers them",
+                    self.topic,
+                    err,
+                )
 
     def _ensure_assigned(self) -> bool:
         """Assign partitions (first call, or periodic refresh); False while none exist."""
@@ -696,7 +768,7 @@ class KafkaSource:
         out: dict[tuple[str, int], int] = {}
         missing = []
         for tp in partitions:
-            committed = consumer.committed(tp, timeout_ms=self.request_timeout_ms)
+            committed = self._offsets_consumer().committed(tp, timeout_ms=self.request_timeout_ms)
             if committed is None:
                 missing.append(tp)
             else:
@@ -979,6 +1051,7 @@ class KafkaSource:
         offsets = self._offsets(positions, tag)
         if not offsets:
             return True
+        self._latest = offsets
         backoff = Backoff(
             maximum=self._retry_backoff_max_s, logger=log, what=f"Kafka commit for {self.topic}"
         )
@@ -986,8 +1059,10 @@ class KafkaSource:
         while True:
             left = deadline - time.monotonic()
             try:
-                consumer = self._ensure_consumer()
-                consumer.commit(offsets=offsets, timeout_ms=max(1000, int(left * 1000)))
+                with self._commit_lock:
+                    self._offsets_consumer().commit(
+                        offsets=offsets, timeout_ms=max(1000, int(left * 1000))
+                    )
                 backoff.succeeded()
                 return True
             except Exception as err:
@@ -1026,7 +1101,7 @@ class KafkaSource:
         """
         from kafka import TopicPartition
 
-        consumer = self._ensure_consumer()
+        consumer = self._offsets_consumer()
         timeout_ms = self.request_timeout_ms if timeout_s is None else int(timeout_s * 1000)
         if self._static_partitions is not None:
             parts = self._static_partitions
@@ -1093,13 +1168,15 @@ class KafkaSource:
     def close(self) -> None:
         """Close the consumer (nothing is committed implicitly). Idempotent."""
         self._stop.set()
-        if self._consumer is not None:
+        self._closed = True
+        for consumer in (self._committer, self._consumer):
+            if consumer is None:
+                continue
             try:
-                self._consumer.close(autocommit=False)
+                consumer.close(autocommit=False)
             except Exception as err:  # closing must not mask the caller's own error
                 log.warning("error while closing the Kafka consumer: %s", err)
-            self._consumer = None
-        self._closed = True
+        self._consumer = self._committer = None
 
     def __enter__(self) -> KafkaSource:
         return self

@@ -11,6 +11,7 @@ import socket
 import stat
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -740,6 +741,139 @@ def test_confluent_producer_waits_only_for_a_discarded_ones_init() -> None:
             stuck.release.set()
             worker.join(patience(10))
         new.init_transactions()  # nothing in flight any more
+
+
+class _RdConsumer:
+    """A librdkafka consumer handle: a ``stuck`` one never answers a commit (librdkafka issue
+    #3740) until ``release``."""
+
+    def __init__(self, stuck: bool) -> None:
+        self.stuck = stuck
+        self.release = threading.Event()
+        self.landed: list[int] = []  # offsets of partition 0, in the order commits landed
+        self.changed = threading.Condition()
+        self.calls: list[str] = []
+
+    def commit(self, offsets: list[Any], asynchronous: bool) -> list[Any]:
+        if self.stuck:
+            self.release.wait(patience(30))
+        with self.changed:
+            self.landed.append(offsets[0].offset)
+            self.changed.notify_all()
+        return offsets
+
+    def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
+        if self.stuck:
+            self.release.wait(patience(30))
+        return partitions
+
+    def consumer_group_metadata(self) -> str:
+        return "group-metadata"
+
+    def __getattr__(self, name: str) -> Any:  # reading calls: recorded, never expected here
+        self.calls.append(name)
+        return lambda *args, **kwargs: None
+
+    def close(self) -> None:
+        self.release.set()
+
+
+class _RdAdmin:
+    """A librdkafka handle that probes the cluster: answered unless the cluster is ``away``."""
+
+    away = False
+
+    def __init__(self, conf: dict) -> None:
+        pass
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.away:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        return types.SimpleNamespace(topics={})
+
+
+def _rd_consumers(
+    monkeypatch: pytest.MonkeyPatch, *handles: _RdConsumer, away: bool
+) -> list[_RdConsumer]:
+    """``confluent_kafka.Consumer`` handing out ``handles`` in turn (the ones handed out are
+    returned), beside a cluster that is ``away`` or answers."""
+    import confluent_kafka
+    import confluent_kafka.admin
+
+    made: list[_RdConsumer] = []
+    monkeypatch.setattr(confluent_kafka, "Consumer", lambda conf: made.append(handles[len(made)])
+                        or made[-1])  # fmt: skip
+    monkeypatch.setattr(_RdAdmin, "away", away)
+    monkeypatch.setattr(confluent_kafka.admin, "AdminClient", _RdAdmin)
+    return made
+
+
+def test_confluent_commit_that_never_ends_goes_through_a_new_consumer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit librdkafka never answers while the cluster answers is a failed commit (never
+    a success); the next goes through a new consumer, the reading one and its positions
+    untouched; the old commit landing late is followed by the newest offsets again."""
+    pytest.importorskip("confluent_kafka")
+    from kafka import TopicPartition
+    from kafka.errors import KafkaTimeoutError
+
+    from connectors import _confluent
+
+    monkeypatch.setattr(_confluent, "OVERRUN_S", 0.2)
+    stuck, fresh = _RdConsumer(stuck=True), _RdConsumer(stuck=False)
+    made = _rd_consumers(monkeypatch, stuck, fresh, away=False)
+    src = KafkaSource("t", "127.0.0.1:1", "g", commit_timeout_s=1.0, client="confluent-kafka")
+    try:
+        src.seek({"t:0": 5})
+        assert src.commit() is False  # 1 s without an answer
+        assert stuck.landed == [] and made == [stuck]
+        reader = src._consumer
+        assert reader.wedged
+        with pytest.raises(KafkaTimeoutError):  # librdkafka's own 0.1 s overrun: bounded too
+            reader.committed(TopicPartition("t", 0), timeout_ms=100)
+
+        assert src.commit() is True
+        assert made == [stuck, fresh] and fresh.landed == [5]
+        assert src._consumer is reader and src.positions() == {"t:0": 5}
+        assert stuck.calls == [] and fresh.calls == []  # nothing re-assigned or re-sought
+        src.seek({"t:0": 9})
+        assert src.commit() is True and fresh.landed == [5, 9]
+
+        stuck.release.set()  # the first commit (offset 5) lands after the newer one
+        with fresh.changed:
+            assert fresh.changed.wait_for(lambda: len(fresh.landed) == 3, patience(10))
+        assert stuck.landed == [5] and fresh.landed == [5, 9, 9]
+    finally:
+        stuck.release.set()
+        src.close()
+
+
+def test_confluent_commit_waits_out_an_outage_on_the_same_consumer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the cluster is away, an unanswered commit fails and the next waits for it on the
+    same consumer (librdkafka answers them in order once the cluster is back): no consumer
+    is added per attempt."""
+    pytest.importorskip("confluent_kafka")
+    handle = _RdConsumer(stuck=True)
+    made = _rd_consumers(monkeypatch, handle, away=True)
+    src = KafkaSource("t", "127.0.0.1:1", "g", commit_timeout_s=1.0, client="confluent-kafka")
+    try:
+        assert src.commit({"t:0": 5}) is False
+        assert src.commit({"t:0": 7}) is False  # the first one still has no answer
+        assert made == [handle] and not src._consumer.wedged and handle.landed == []
+        handle.stuck = False
+        handle.release.set()  # the cluster is back: the first lands, then the newest
+        assert src.commit({"t:0": 7}) is True
+        with handle.changed:  # and the newest once more, after the first's late answer
+            assert handle.changed.wait_for(lambda: len(handle.landed) == 3, patience(10))
+        assert handle.landed == [5, 7, 7]
+    finally:
+        handle.release.set()
+        src.close()
 
 
 def test_kafka_positions_seek_and_parse(kafka_client: str) -> None:
