@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Hashable
+from statistics import NormalDist
 
 import numpy as np
 from river import compose
@@ -35,23 +36,28 @@ from stream_dp.privacy.noise import KeyedNoise
 from stream_dp.privacy.secrets import check_seed
 
 __all__ = [
+    "FAMILY_ERROR",
     "FLOOR_SHARE",
     "FisherMetric",
-    "NOISE_THRESHOLD",
     "SCORE_POWER",
     "class_statistics_sensitivity",
     "count_weight",
     "fisher_weights",
+    "noise_threshold",
+    "released_class_moments",
+    "shrunk_variance",
 ]
 
 #: Records are clipped to ‖x‖ ≤ R = ½ by default (as OnPairMF's AUC task): the sensitivity
 #: ``√(4R² + 2R⁴)`` falls faster than the class statistics of records scaled to ‖x‖ ≲ 1.
 DEFAULT_DATA_RADIUS = 0.5
-#: A feature's squared mean difference must exceed this many times the noise's own expected
-#: contribution to it to count (three standard deviations of the noise).
-NOISE_THRESHOLD = 9.0
-#: The Fisher score ``(excess difference / within-class variance)`` enters the weight to this
-#: power (½: a square root, which spreads the weight over the features that pass).
+#: The family-wise error of the noise threshold: when no feature's class means differ, the
+#: released metric gives any feature extra weight with probability at most this (Bonferroni
+#: over the d features: :func:`noise_threshold`). The conventional 5 %, not a fitted value.
+FAMILY_ERROR = 0.05
+#: The Fisher score ``(squared mean difference / within-class variance)`` enters the weight to
+#: this power (½: a square root, which spreads the weight over the features that pass). Part
+#: of the non-private rule, as is :data:`FLOOR_SHARE`.
 SCORE_POWER = 0.5
 #: The within-class variance is floored at ``FLOOR_SHARE · R²/d`` (a tenth of the variance per
 #: feature of a record spread evenly on the sphere ‖x‖ = R), so that a near-constant feature
@@ -121,19 +127,89 @@ def statistics_vector(X: np.ndarray, positive: np.ndarray, data_radius: float) -
     return V
 
 
+def released_class_moments(
+    sums: np.ndarray, dim: int, data_radius: float, noise_std: float
+) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """From released sums: the mean difference ``D = μ̂₊ − μ̂₋``, the pooled within-class
+    variance (bias-corrected for the noise in ``μ̂_c²``), and the noise variances ``τ²`` of each
+    ``D_k`` and ``ν²`` of each pooled variance — post-processing of the sums and the public σ_N.
+
+    A class's noisy count ``n̂_c = max(Y_c⁰/λ, 1)``; its mean ``μ̂_c = Y_c¹/n̂_c`` carries noise
+    of variance ``σ_N²/n̂_c²`` per coordinate, independent across coordinates and classes, so
+
+        τ² = σ_N²·(1/n̂₊² + 1/n̂₋²),      ν² = 2σ_N²/(n̂₊ + n̂₋)²
+
+    (ν²: the noise of ``(Y₊² + Y₋²)/(n̂₊ + n̂₋)``, the leading term of the pooled variance;
+    ``E[μ̂_c²] = μ_c² + σ_N²/n̂_c²`` is added back so the pooled variance is unbiased).
+    """
+    d, lam = int(dim), count_weight(data_radius)
+    mus, sq, cnt = [], [], []
+    for c in (0, 1):
+        off = c * (1 + 2 * d)
+        n = max(float(sums[off]) / lam, 1.0)
+        mus.append(sums[off + 1 : off + 1 + d] / n)
+        sq.append(sums[off + 1 + d : off + 1 + 2 * d])
+        cnt.append(n)
+    n = cnt[0] + cnt[1]
+    s2 = noise_std**2
+    pooled = (sq[0] + sq[1] - cnt[0] * mus[0] ** 2 - cnt[1] * mus[1] ** 2) / n
+    pooled = pooled + s2 * (1.0 / cnt[0] + 1.0 / cnt[1]) / n
+    tau2 = s2 * (1.0 / cnt[0] ** 2 + 1.0 / cnt[1] ** 2)
+    nu2 = 2.0 * s2 / n**2
+    return mus[1] - mus[0], pooled, tau2, nu2
+
+
+def shrunk_variance(pooled: np.ndarray, nu2: float) -> np.ndarray:
+    """Each feature's pooled variance shrunk toward their mean by its noise (James–Stein for
+    normal means with a known noise variance ν²; Efron & Morris, JASA 1973): with
+    ``m = mean_k p̂_k`` and the between-feature spread ``A = max(0, var_k p̂_k − ν²)``,
+
+        s̃²_k = max(0, m + A/(A + ν²)·(p̂_k − m))
+
+    Without noise (ν² = 0) this is ``p̂_k`` itself; when the noise dominates the spread, every
+    feature gets the common variance m."""
+    if nu2 <= 0.0:
+        return np.maximum(pooled, 0.0)
+    m = float(pooled.mean())
+    spread = max(0.0, float(pooled.var()) - nu2)
+    return np.maximum(m + spread / (spread + nu2) * (pooled - m), 0.0)
+
+
+def noise_threshold(dim: int, family_error: float = FAMILY_ERROR) -> float:
+    """``c_d²``: the squared z-level that none of d independent N(0, 1) exceeds in absolute
+    value with probability at least ``1 − family_error`` (Bonferroni: ``c_d = Φ⁻¹(1 − α/(2d))``).
+
+    Examples
+    --------
+    >>> round(noise_threshold(1), 3), round(noise_threshold(30), 2), round(noise_threshold(50), 2)
+    (3.841, 9.88, 10.83)
+
+    """
+    d = max(int(dim), 1)
+    return NormalDist().inv_cdf(1.0 - family_error / (2.0 * d)) ** 2
+
+
 def fisher_weights(sums: np.ndarray, dim: int, data_radius: float, noise_std: float) -> np.ndarray:
     """The metric's weights from released class statistics: post-processing only.
 
-    From the (noisy) sums: class counts ``n̂_c`` (at least 1), means ``μ̂_c``, the pooled
-    within-class variance ``s²_k``; then per feature
+    From the (noisy) sums (:func:`released_class_moments`): the class-mean differences
+    ``D_k``, whose privacy noise is N(0, τ²) with τ² known from the public σ_N and the released
+    counts, the same for every feature and independent across features, and the within-class
+    variances shrunk by their own noise (:func:`shrunk_variance`). Then
 
-        f_k = (max(0, (μ̂₊ₖ − μ̂₋ₖ)² − 9·σ_N²(1/n̂₊² + 1/n̂₋²)) / (s²_k + 0.1·R²/d))^{1/2}
-        w_k = 1 + d·f_k / Σ_j f_j                (w = 1, Euclidean, when every f_k = 0)
+        e_k = max(0, D_k² − c_d²·τ²)                       (c_d: :func:`noise_threshold`)
+        f_k = (e_k / (s̃²_k + 0.1·R²/d))^{1/2}
+        w_k = 1 + d·f_k / Σ_j f_j                          (w = 1 when every f_k = 0)
 
-    ``σ_N`` (``noise_std``) is the public per-coordinate std of the released sums; the
-    subtraction removes :data:`NOISE_THRESHOLD` times the noise's expected contribution to the
-    squared mean difference, so under pure noise almost no feature passes and the metric is
-    Euclidean distance. The weights average 2 (``Σ w = 2d``): half Euclidean, half Fisher.
+    * ``c_d·τ`` is the level that the noise of none of the d differences exceeds with
+      probability ``1 − α`` (α = :data:`FAMILY_ERROR`): if no feature separates the classes,
+      the released metric is Euclidean distance with probability ≥ 95 % whatever d, ε or n.
+      A feature that passes keeps its squared difference less the threshold (continuous in the
+      release: a feature just above it gets almost no weight).
+    * Without noise (``noise_std = 0``): τ = 0 and ``s̃² = s²``, the non-private rule
+      ``w_k = 1 + d·f_k/Σf`` — half Euclidean, half the Fisher scores' square roots (Fisher,
+      1936), with the variance floored at a tenth of the per-feature variance of records spread
+      evenly on ``‖x‖ = R`` so that a near-constant feature cannot take all the weight.
 
     Examples
     --------
@@ -144,20 +220,11 @@ def fisher_weights(sums: np.ndarray, dim: int, data_radius: float, noise_std: fl
     [1.0, 1.0]
 
     """
-    d, lam = int(dim), count_weight(data_radius)
-    mus, var, cnt = [], [], []
-    for c in (0, 1):
-        off = c * (1 + 2 * d)
-        n = max(float(sums[off]) / lam, 1.0)
-        mu = sums[off + 1 : off + 1 + d] / n
-        mus.append(mu)
-        var.append(np.maximum(sums[off + 1 + d : off + 1 + 2 * d] / n - mu * mu, 0.0))
-        cnt.append(n)
-    pooled = (cnt[0] * var[0] + cnt[1] * var[1]) / (cnt[0] + cnt[1])
+    d = int(dim)
+    diff, pooled, tau2, nu2 = released_class_moments(sums, d, data_radius, noise_std)
+    excess = np.maximum(diff * diff - noise_threshold(d) * tau2, 0.0)
     floor = FLOOR_SHARE * float(data_radius) ** 2 / d
-    noise = NOISE_THRESHOLD * noise_std**2 * (1.0 / cnt[0] ** 2 + 1.0 / cnt[1] ** 2)
-    excess = np.maximum((mus[1] - mus[0]) ** 2 - noise, 0.0)
-    f = (excess / (pooled + floor)) ** SCORE_POWER
+    f = (excess / (shrunk_variance(pooled, nu2) + floor)) ** SCORE_POWER
     total = float(f.sum())
     return np.ones(d) if total <= 0.0 else 1.0 + d * f / total
 
@@ -365,8 +432,9 @@ class FisherMetric(MetricInterface):
             f"{flag}{noise}; {cover}; class statistics of x clipped to "
             f"R={float(self.data_radius):g}, Δ_v={mf.pattern[0]:.4g}, "
             f"λ={count_weight(self.data_radius):g}; "
-            f"weights: Fisher scores above {NOISE_THRESHOLD:g}× the noise, power "
-            f"{SCORE_POWER:g}, floor {FLOOR_SHARE:g}·R²/d; releases: every step, free"
+            f"weights: Fisher scores of the differences above the noise's "
+            f"{100 * (1 - FAMILY_ERROR):g} % family-wise level, power {SCORE_POWER:g}, floor "
+            f"{FLOOR_SHARE:g}·R²/d; releases: every step, free"
         )
 
     # -- learning -------------------------------------------------------------------------------
