@@ -12,8 +12,12 @@ from river import checks
 
 from stream_dp.online import FisherMetric, PrivateMetricKNN
 from stream_dp.online.fisher import (
+    FAMILY_ERROR,
     class_statistics_sensitivity,
     fisher_weights,
+    noise_threshold,
+    released_class_moments,
+    shrunk_variance,
     statistics_vector,
 )
 from stream_dp.privacy.events import GaussianEvent, gaussian_rho
@@ -200,6 +204,71 @@ def test_under_pure_noise_the_metric_is_euclidean():
         m.learn_many(X, y)
         ones += m.private_weights.tolist() == [1.0, 1.0, 1.0]
     assert ones >= 8
+
+
+def _balanced_sums(d: int, n: int = 200) -> np.ndarray:
+    """Exact sums of n records per class with the same class means (0) and variances."""
+    rng = np.random.default_rng(3)
+    half = rng.normal(size=(n // 2, d)) * 0.05
+    X = np.vstack([half, -half, half, -half])  # each class: ±half, mean exactly 0
+    y = np.repeat([True, False], n)
+    return statistics_vector(X, y, R).sum(0)
+
+
+def test_the_noise_threshold_holds_its_family_wise_error():
+    """Equal class means, released with noise of the stated σ_N: the metric leaves Euclidean
+    distance in about α of the releases (Bonferroni over d features is nearly exact at small
+    α). A threshold on τ instead of τ², or on the wrong noise, lands far outside."""
+    d, sigma_n, draws = 20, 2.0, 1500
+    exact = _balanced_sums(d)
+    rng = np.random.default_rng(4)
+    moved = 0
+    for _ in range(draws):
+        w = fisher_weights(exact + sigma_n * rng.normal(size=exact.shape), d, R, sigma_n)
+        moved += not np.all(w == 1.0)
+    rate = moved / draws
+    assert 0.5 * FAMILY_ERROR < rate < 1.5 * FAMILY_ERROR, rate  # ±0.006 one sd at 1500
+    # c_d's two-sided tail is α/d (Bonferroni).
+    tail = math.erfc(math.sqrt(noise_threshold(d) / 2.0))
+    assert tail == pytest.approx(FAMILY_ERROR / d, rel=1e-9)
+
+
+def test_a_real_difference_passes_and_a_zeroed_variance_takes_no_weight():
+    d, sigma_n = 20, 2.0
+    exact = _balanced_sums(d)
+    diff, _, tau2, _ = released_class_moments(exact, d, R, sigma_n)
+    assert not np.any(diff)
+    shifted = exact.copy()
+    shifted[1] += 200 * 2.0 * math.sqrt(noise_threshold(d) * tau2)  # class 0, feature 0: 2·c_d·τ
+    rng = np.random.default_rng(5)
+    w = fisher_weights(shifted + sigma_n * rng.normal(size=exact.shape), d, R, sigma_n)
+    assert int(np.argmax(w)) == 0 and w[0] > 2.0 and np.all(w[1:] < w[0])
+    # Shrinkage: under noise far above the spread every feature gets the common variance; a
+    # noisy zero is pulled up to it. Without noise the estimate is untouched.
+    pooled = np.array([0.0, 0.01, 0.012, 0.008])
+    assert np.allclose(shrunk_variance(pooled, 1.0), pooled.mean(), rtol=1e-3)
+    assert np.array_equal(shrunk_variance(pooled, 0.0), pooled)
+
+
+def test_released_moments_are_unbiased_with_the_stated_noise():
+    """Over noise draws: D's variance is τ² and the pooled variance is unbiased (the noise in
+    μ̂² added back); at σ/2 the variance ratio would be ¼."""
+    d, sigma_n, draws = 5, 1.0, 800
+    exact = _balanced_sums(d)
+    truth = released_class_moments(exact, d, R, 0.0)[1]
+    rng = np.random.default_rng(6)
+    D, P = [], []
+    for _ in range(draws):
+        diff, pooled, tau2, nu2 = released_class_moments(
+            exact + sigma_n * rng.normal(size=exact.shape), d, R, sigma_n
+        )
+        D.append(diff)
+        P.append(pooled)
+    ratio = float(np.mean(np.square(D))) / tau2
+    assert 0.85 < ratio < 1.15, ratio  # 4000 draws: ±0.03 one sd
+    bias = (np.mean(P, axis=0) - truth) / math.sqrt(nu2 / draws)
+    assert np.all(np.abs(bias) < 4.0), bias
+    assert float(np.mean(np.var(P, axis=0))) / nu2 == pytest.approx(1.0, rel=0.25)
 
 
 def test_private_metric_knn_uses_it():
