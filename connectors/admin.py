@@ -294,6 +294,7 @@ def latest_with_key(
         The cluster did not answer in time.
     """
     from kafka import TopicPartition
+    from kafka.errors import KafkaTimeoutError
 
     consumer = _reader(
         bootstrap_servers,
@@ -340,11 +341,19 @@ def latest_with_key(
                     # Transaction markers occupy offsets too: done when the position reaches hi.
                     if consumer.position(tp, timeout_ms=int(timeout_s * 1000)) >= todo[tp][1]:
                         unread[tp] = todo.pop(tp)[0]
+            if todo:  # a window read in part: its newest message of the key may be unread
+                break
             for tp, (_, ts, value) in newest.items():
                 found[tp] = (ts, value)
                 del unread[tp]
             unread = {tp: lo for tp, lo in unread.items() if lo > max(begins[tp], ends[tp] - tail)}
             window *= _GROWTH
+        if unread and time.monotonic() >= deadline:
+            # None or an older message would say "nothing newer" of what was not read.
+            raise KafkaTimeoutError(
+                f"reading topic {topic!r} back from its end for key {key!r} took more than "
+                f"{timeout_s:g} s"
+            )
         if not found:
             return None
         return max(found.values(), key=lambda tv: tv[0])[1]

@@ -1315,3 +1315,56 @@ def test_a_resumed_partition_publishes_with_its_consumers_group_metadata() -> No
     offsets = src.offsets(tag="r 1")
     assert dict(offsets) == {TopicPartition("in", 3): OffsetAndMetadata(120, "stream-dp/1 r 1", -1)}
     assert offsets.group_metadata == ("g", 4)
+
+
+def test_a_tail_read_out_of_time_is_an_error_never_a_shorter_answer() -> None:
+    """latest_with_key answers whether a fenced run released (aborted messages included): a
+    read that runs out of time before the window's end must raise, not answer None or an
+    older message of the key (a double release would follow)."""
+    from kafka import TopicPartition
+    from kafka.errors import KafkaError
+
+    from connectors.admin import latest_with_key
+    from connectors.transport import Client
+
+    class Stalled:
+        """Hands out the window's first records, then nothing (a broker that stalls)."""
+
+        def __init__(self, first: list) -> None:
+            self.first, self.at = first, 0
+
+        def partitions_for_topic(self, topic):
+            return {0}
+
+        def end_offsets(self, tps, timeout_ms=None):
+            return dict.fromkeys(tps, 100)
+
+        def beginning_offsets(self, tps, timeout_ms=None):
+            return dict.fromkeys(tps, 0)
+
+        def assign(self, tps):
+            pass
+
+        def seek(self, tp, offset):
+            self.at = offset
+
+        def poll(self, timeout_ms=0):
+            batch, self.first = self.first, []
+            if batch:
+                self.at = batch[-1].offset + 1
+            return {TopicPartition("t", 0): batch} if batch else {}
+
+        def position(self, tp, timeout_ms=None):
+            return self.at
+
+        def close(self, autocommit=False):
+            pass
+
+    def rec(offset: int, value: bytes) -> Any:
+        return types.SimpleNamespace(key=b"m", offset=offset, timestamp=offset, value=value)
+
+    for first in ([rec(92, b"older")], []):
+        client = Client()
+        client.consumer = lambda _first=first, **_: Stalled(list(_first))  # type: ignore
+        with pytest.raises(KafkaError):
+            latest_with_key("x:1", "t", b"m", timeout_s=0.2, client=client, committed=False)
