@@ -229,3 +229,43 @@ def test_a_run_registered_at_the_same_moment_is_taken_over_only_if_it_released_n
     with pytest.raises(RunRefused, match="has published"):
         cycle.verify(other, before_start=True)
     assert len(asked) == 2
+
+
+def test_releases_to_a_file_beside_dead_letters_on_another_cluster_are_refused(state, tmp_path):
+    """A Kafka source, releases to a file and dead letters to a Kafka cluster other than the
+    source's: the model's transactions would be on the dead letters' cluster and the record
+    (the group's offsets) outside them, so a second instance started at the same moment is
+    neither fenced before it writes releases nor seen by the first (tested against Kafka:
+    both released every step under independent noise). Refused before anything is opened; on
+    the source's cluster the offsets go in the transactions and the broker fences."""
+    from stream_dp.engine.config import ConfigError, EngineConfig
+
+    def config(dead_servers: str) -> EngineConfig:
+        src, dead = {"bootstrap_servers": "src:9092"}, {"bootstrap_servers": dead_servers}
+        return EngineConfig.model_validate(
+            {
+                "model": {"algorithm": "OnPairStrC", "features": ["a"], "model_id": "m"},
+                "source": {"kind": "kafka", "topic": "in", "group_id": "g", **src},
+                "releases": {"kind": "jsonl", "path": str(tmp_path / "rel.jsonl")},
+                "dead_letters": {"kind": "kafka", "topic": "dead", **dead},
+                "checkpoint": {"path": str(state.checkpoint)},
+            }
+        )
+
+    with pytest.raises(ConfigError, match="dead_letters.*source's cluster"):
+        Outputs.open(config("other:9092"), _kafka_source(), state, {})
+    assert not (tmp_path / "rel.jsonl").exists()
+    for given in ({}, {RELEASES: Sink(state)}):
+        outputs = Outputs.open(config("src:9092"), _kafka_source(), state, given)
+        try:
+            assert outputs.offsets_in_transaction and not outputs.to_topic(RELEASES)
+        finally:
+            outputs.close()
+    with pytest.raises(ConfigError, match="dead_letters"):  # a release sink passed by the caller
+        Outputs.open(config("other:9092"), _kafka_source(), state, {RELEASES: Sink(state)})
+
+
+def _kafka_source():
+    from connectors.sources import KafkaSource
+
+    return KafkaSource("in", "src:9092", "g")

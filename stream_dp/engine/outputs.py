@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stream_dp.engine.config import EngineConfig, same_cluster
+from stream_dp.engine.config import ConfigError, EngineConfig, same_cluster
 from stream_dp.engine.state import Published, StateDir
 
 __all__ = [
@@ -192,12 +192,32 @@ class Outputs:
         of the configured one (None: the configured one). Kafka topics share one transactional
         publisher (the model's transactional id); a Kafka source on the same cluster commits
         its offsets in the publisher's transactions. A Kafka source whose outputs are all files
-        commits them through a publisher of its own cluster, for the fencing.
+        commits them through a publisher of its own cluster, for the fencing; releases to a
+        file beside dead letters on another cluster than a Kafka source's are refused
+        (:class:`~stream_dp.engine.config.ConfigError`): nothing would fence them.
         """
         from connectors.partition import PartitionSource
         from connectors.sources import KafkaSource
         from stream_dp.engine.builders import build_sink
 
+        kafka_source = source if isinstance(source, KafkaSource | PartitionSource) else None
+        dead = config.dead_letters
+        if (
+            kafka_source is not None
+            and not (given.get(RELEASES) is None and config.releases.kind == "kafka")
+            and given.get(DEAD_LETTERS) is None
+            and dead.kind == "kafka"
+            and not same_cluster(config.source, dead)
+        ):
+            # The transactions would be on the dead letters' cluster, the record (the group's
+            # offsets) outside them: a second instance of the model started at the same moment
+            # would be neither fenced before it writes releases nor seen by this one.
+            raise ConfigError(
+                "releases to a file (or a sink passed in) with dead_letters on a Kafka cluster "
+                "other than the source's cannot be fenced against a second instance of the "
+                "model: put dead_letters on the source's cluster (same bootstrap_servers and "
+                "security) or in a file"
+            )
         sinks: dict[str, Any] = {}
         topic_cfg = None
         for stream, sink_cfg in ((RELEASES, config.releases), (DEAD_LETTERS, config.dead_letters)):
@@ -212,7 +232,6 @@ class Outputs:
                 )
         if config.scale.checkpoint_topic is not None:
             sinks[CHECKPOINTS] = config.scale.checkpoint_topic
-        kafka_source = source if isinstance(source, KafkaSource | PartitionSource) else None
         if topic_cfg is None and kafka_source is not None:
             # Files only, yet the model's transactional id commits the offsets: the broker then
             # fences a second instance of the model, as it does for topics; without it two
