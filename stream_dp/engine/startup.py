@@ -32,6 +32,11 @@ __all__ = ["Startup", "load_resumable"]
 
 log = logging.getLogger("stream_dp.engine")
 
+#: Messages per partition read back for a fenced run's releases: ten times the start-up
+#: check's, so other models sharing the topic would have to publish 20,000 messages to one
+#: partition between the fencing and the reading (milliseconds) to hide them.
+FENCED_TAIL = 20_000
+
 
 def load_resumable(
     path: Path, learning: Learning, model_id: str, *, from_topic: bool = False
@@ -290,8 +295,9 @@ class Startup:
         except OSError as err:
             raise StateError(f"cannot read the ledger journal {state.journal}: {err}") from None
 
-    def _latest_release(self, *, committed: bool = True) -> bytes | None:
-        """The latest (committed) message keyed by the model on the release topic, or None."""
+    def _latest_release(self, *, committed: bool = True, tail: int = 2000) -> bytes | None:
+        """The latest (committed) message keyed by the model among the last ``tail`` of each
+        partition of the release topic, or None."""
         from connectors.admin import latest_with_key
 
         cfg = self.config
@@ -304,6 +310,7 @@ class Startup:
                 timeout_s=cfg.kafka.startup_timeout_seconds,
                 client=cfg.kafka.client,
                 committed=committed,
+                tail=tail,
                 **rel.security,
             )
         except Exception as err:  # noqa: BLE001 - a diagnosis, not a traceback
@@ -314,8 +321,12 @@ class Startup:
 
     def _released_by(self, run_id: str) -> bool:
         """Whether the newest message keyed by the model on the release topic, aborted ones
-        included, is of run ``run_id`` (a message that does not parse counts as one)."""
-        value = self._latest_release(committed=False)
+        included, is of run ``run_id`` (a message that does not parse counts as one).
+
+        Asked right after fencing that run, whose last messages are then the key's newest; the
+        tail is long (:data:`FENCED_TAIL`) so that other models' releases written in between,
+        on a topic they share, cannot hide them."""
+        value = self._latest_release(committed=False, tail=FENCED_TAIL)
         if value is None:
             return False
         try:
