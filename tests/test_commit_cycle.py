@@ -269,3 +269,34 @@ def _kafka_source():
     from connectors.sources import KafkaSource
 
     return KafkaSource("in", "src:9092", "g")
+
+
+def test_a_writer_id_without_permission_is_one_clear_line() -> None:
+    """Without Write on the model's transactional id (needed whatever the sinks), the start
+    ends with exit code 4 naming the id, not an "unexpected error"."""
+    from types import SimpleNamespace
+
+    from stream_dp.engine.errors import KafkaUnavailable
+    from stream_dp.engine.startup import Startup
+
+    class TransactionalIdAuthorizationFailedError(Exception):
+        pass
+
+    class Outputs:
+        def start(self, **hooks) -> None:
+            raise TransactionalIdAuthorizationFailedError("denied")
+
+    config = SimpleNamespace(
+        model=SimpleNamespace(model_id="bank"), transactional_id="stream-dp.bank"
+    )
+    startup = SimpleNamespace(outputs=Outputs(), hooks={}, config=config)
+    with pytest.raises(KafkaUnavailable, match="Write and Describe.*'stream-dp.bank'") as err:
+        Startup.become_writer(startup)
+    assert err.value.exit_code == 4
+
+    class Broken(Outputs):
+        def start(self, **hooks) -> None:
+            raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):  # anything else is not hidden
+        Startup.become_writer(SimpleNamespace(outputs=Broken(), hooks={}, config=config))

@@ -163,6 +163,16 @@ class Startup:
             self.outputs.start(**self.hooks)
         except ProducerFenced as err:
             raise Fenced(str(err)) from None
+        except Exception as err:
+            if "AuthorizationFailed" not in type(err).__name__:
+                raise
+            # The writer's id is needed whatever the sinks (a Kafka source's offsets commit in
+            # its transactions): say which permission, in one line, not "unexpected error".
+            raise KafkaUnavailable(
+                f"cannot become the writer of model {self.config.model.model_id!r}: "
+                f"{type(err).__name__}; the principal needs Write and Describe on the "
+                f"transactional id {self.config.transactional_id!r}"
+            ) from None
 
     # -- a checkpoint from the checkpoint topic -------------------------------------------------
     def _checkpoint_from_topic(self) -> None:
