@@ -269,21 +269,20 @@ class CommitCycle:
                 # log though aborted: a consumer reading uncommitted (Kafka's default) has seen
                 # them, and this run's releases of the same steps carry other noise. Releases
                 # to a file were written before the transaction, where this one cannot look.
-                if self.released_by is None:
-                    raise RunRefused(
-                        f"run {p.run_id} of model {self.model_id!r} started at the same moment "
-                        "and was fenced by this instance; its releases go to a file this one "
-                        "cannot read, so it may have begun publishing, and this run would "
-                        "publish other noise for the same steps. Restart that instance from its "
-                        "state directory; remove this one's"
+                unseen = self.released_by is None
+                if unseen or self.released_by(p.run_id):
+                    why = (
+                        "its releases go to a file this one cannot read, so it may have begun "
+                        "publishing"
+                        if unseen
+                        else "it had begun publishing: its releases, aborted, are on the release "
+                        "topic"
                     )
-                if self.released_by(p.run_id):
                     raise RunRefused(
                         f"run {p.run_id} of model {self.model_id!r} started at the same moment "
-                        "and had begun publishing when this instance took over from it: its "
-                        "releases, aborted, are on the release topic, and this run would "
-                        "publish other noise for the same steps. Restart that instance from its "
-                        "state directory (it publishes the same releases again); remove this "
+                        f"and was fenced by this instance; {why}, and this run would publish "
+                        "other noise for the same steps. Restart that instance from its state "
+                        "directory (it publishes its checkpointed releases again); remove this "
                         "one's"
                     )
                 log.warning("run %s of model %s was registered at the same moment and has been "
