@@ -89,7 +89,7 @@ def noise_rows(mf: MFMechanism, seed: int, n: int, size: int, model_id="lab") ->
 
 
 @njit(cache=True)
-def _auc_kernel(X, Y, G, sigma, etas, B, D, kappa, precond, avg_from, cap, ptau):
+def _auc_kernel(X, Y, G, sigma, etas, B, D, kappa, precond, avg_from, cap, ptau, path, every):
     n, d = X.shape
     w = np.zeros(d)
     avg = np.zeros(d)
@@ -141,6 +141,9 @@ def _auc_kernel(X, Y, G, sigma, etas, B, D, kappa, precond, avg_from, cap, ptau)
                 a = (kappa + 1.0) / (navg + kappa)
                 for k in range(d):
                     avg[k] += a * (w[k] - avg[k])
+        if every > 0 and (t + 1) % every == 0 and (t + 1) // every <= path.shape[0]:
+            for k in range(d):  # the iterate w_t, every `every` steps (path.shape[0] rows)
+                path[(t + 1) // every - 1, k] = w[k]
     return w, avg
 
 
@@ -165,8 +168,16 @@ def run_auc(
     R=1.0,
     cap=1.0,
     ptau=None,
+    path_every=0,
+    noise_scale=1.0,
 ):
-    """One private (or ``epsilon=None``) run; returns (served weights, last iterate, info)."""
+    """One private (or ``epsilon=None``) run; returns (served weights, last iterate, info).
+
+    ``path_every=k > 0`` also records the iterates ``w_k, w_2k, …`` (``info["path"]``, one row
+    each). ``noise_scale`` multiplies σ after calibration: a *counterfactual* (the run is then
+    not (ε, δ)-DP unless it is ≥ 1) to measure what a smaller noise would buy, or 0 for the same
+    run without noise (same D, η, window).
+    """
     X = clip_rows(np.asarray(X, dtype=float), R)
     Y = np.where(np.asarray(y, dtype=bool), 1.0, -1.0)
     n, d = X.shape
@@ -191,11 +202,12 @@ def run_auc(
         raise ValueError(schedule)
     P = np.ones(d) if precond is None else np.asarray(precond, dtype=float)
     k = -1.0 if kappa is None else float(kappa)
+    path = np.zeros((n // path_every if path_every > 0 else 0, d))
     w, avg = _auc_kernel(
         X,
         Y,
         G,
-        mf.sigma,
+        mf.sigma * float(noise_scale),
         etas,
         B,
         float(D),
@@ -204,8 +216,11 @@ def run_auc(
         int(avg_from),
         float(cap),
         math.inf if ptau is None else float(ptau),
+        path,
+        int(path_every),
     )
-    return avg, w, {"sigma": mf.sigma, "sens": mf.sensitivity, "eta": base, "B": B}
+    info = {"sigma": mf.sigma, "sens": mf.sensitivity, "eta": base, "B": B, "D": D, "path": path}
+    return avg, w, info
 
 
 _DATA: dict = {}
@@ -521,7 +536,7 @@ def radius_rule(z: float, R: float = PROPOSED_R) -> float:
     return max(0.125, z * z / 200.0) / R
 
 
-def run_proposed(X, y, *, epsilon, delta=1e-5, seed=0, model_id="lab"):
+def run_proposed(X, y, *, epsilon, delta=1e-5, seed=0, model_id="lab", **knobs):
     n, d = np.asarray(X).shape
     D = 1e4 if epsilon is None else radius_rule(capacity(n, d, epsilon, delta))
     return run_auc(
@@ -535,4 +550,5 @@ def run_proposed(X, y, *, epsilon, delta=1e-5, seed=0, model_id="lab"):
         cap=PROPOSED_CAP,
         accounting="gdp",
         model_id=model_id,
+        **knobs,
     )
