@@ -32,7 +32,13 @@ from ._settings import client_settings
 from .clients import DEFAULT_CLIENT
 from .transport import Client
 
-__all__ = ["FENCING_ERRORS", "GROUP_FENCING_ERRORS", "ProducerFenced", "TransactionalPublisher"]
+__all__ = [
+    "FENCING_ERRORS",
+    "GROUP_FENCING_ERRORS",
+    "ProducerFenced",
+    "TransactionalPublisher",
+    "is_authorization_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -404,23 +410,38 @@ def _close_quietly(producer: Any) -> None:
             sender.force_close()
 
 
+# By class name, over the error's MRO: kafka-python's classes and the ones connectors/_confluent.py
+# maps librdkafka's codes to carry these names.
+_AUTHORIZATION_ERRORS = frozenset(
+    {
+        "AuthorizationError",
+        "ClusterAuthorizationFailedError",
+        "TopicAuthorizationFailedError",
+        "GroupAuthorizationFailedError",
+        "TransactionalIdAuthorizationFailedError",
+    }
+)
+_FINAL_ERRORS = _AUTHORIZATION_ERRORS | {
+    "AuthenticationFailedError",
+    "KafkaConfigurationError",
+    "MessageSizeTooLargeError",
+    "RecordTooLargeError",
+    "UnsupportedVersionError",
+    "UnsupportedForMessageFormatError",
+    "InvalidTopicError",
+    "IncompatibleBrokerVersion",
+}
+
+
+def _error_names(err: BaseException) -> set[str]:
+    return {t.__name__ for t in type(err).__mro__}
+
+
+def is_authorization_error(err: BaseException) -> bool:
+    """The cluster refused the principal a permission (topic, group, transactional id, ...)."""
+    return bool(_error_names(err) & _AUTHORIZATION_ERRORS)
+
+
 def _is_final(err: BaseException) -> bool:
     """Errors no retry can fix: configuration, authorisation, size and protocol-version ones."""
-    names = {t.__name__ for t in type(err).__mro__}
-    return bool(
-        names
-        & {
-            "AuthorizationError",
-            "AuthenticationFailedError",
-            "KafkaConfigurationError",
-            "MessageSizeTooLargeError",
-            "RecordTooLargeError",
-            "UnsupportedVersionError",
-            "UnsupportedForMessageFormatError",
-            "InvalidTopicError",
-            "TopicAuthorizationFailedError",
-            "GroupAuthorizationFailedError",
-            "TransactionalIdAuthorizationFailedError",
-            "IncompatibleBrokerVersion",
-        }
-    )
+    return bool(_error_names(err) & _FINAL_ERRORS)

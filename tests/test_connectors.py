@@ -655,7 +655,11 @@ def test_confluent_errors_are_the_kafka_python_ones() -> None:
 
     from connectors._confluent import kafka_error
     from connectors._retry import is_retriable
-    from connectors.transactions import FENCING_ERRORS, GROUP_FENCING_ERRORS
+    from connectors.transactions import (
+        FENCING_ERRORS,
+        GROUP_FENCING_ERRORS,
+        is_authorization_error,
+    )
 
     def as_kafka(code: int, *, fatal: bool = False, retriable: bool = False) -> BaseException:
         return kafka_error(KafkaError(code, "librdkafka says", fatal=fatal, retriable=retriable))
@@ -675,6 +679,13 @@ def test_confluent_errors_are_the_kafka_python_ones() -> None:
     for code in (KafkaError._AUTHENTICATION, KafkaError.TOPIC_AUTHORIZATION_FAILED,
                  KafkaError.MSG_SIZE_TOO_LARGE):  # fmt: skip
         assert not is_retriable(as_kafka(code)), code
+    # A refused permission is told apart from an outage on both clients (start-up names it).
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+                 KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED):  # fmt: skip
+        assert is_authorization_error(as_kafka(code)), code
+    assert is_authorization_error(E.TransactionalIdAuthorizationFailedError())
+    assert not is_authorization_error(as_kafka(KafkaError._AUTHENTICATION))
+    assert not is_authorization_error(as_kafka(KafkaError._TIMED_OUT))
     # Retriable in librdkafka's judgement stays retriable; fatal never is.
     assert is_retriable(as_kafka(KafkaError._INCONSISTENT, retriable=True))
     assert not is_retriable(as_kafka(KafkaError._INCONSISTENT, retriable=True, fatal=True))

@@ -157,14 +157,14 @@ class Startup:
 
     def become_writer(self) -> None:
         """Take the model's transactional id (fencing an older writer); idempotent."""
-        from connectors.transactions import ProducerFenced
+        from connectors.transactions import ProducerFenced, is_authorization_error
 
         try:
             self.outputs.start(**self.hooks)
         except ProducerFenced as err:
             raise Fenced(str(err)) from None
         except Exception as err:
-            if "AuthorizationFailed" not in type(err).__name__:
+            if not is_authorization_error(err):
                 raise
             # The writer's id is needed whatever the sinks (a Kafka source's offsets commit in
             # its transactions): say which permission, in one line, not "unexpected error".
