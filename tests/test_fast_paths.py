@@ -341,6 +341,13 @@ def test_predict_proba_many_equals_predict_proba_one() -> None:
 # --- the building blocks ----------------------------------------------------------------------
 
 
+@_jit.njit
+def _compiled_buffer_terms(code, d, w, s, x, y, X, Y, n, g, kappa, knee):  # pragma: no cover
+    """:func:`losses.buffer_terms` in compiled code, as the fast path calls it. One kernel with
+    the task as an argument: compiled once (and cached) for every case below."""
+    return losses.buffer_terms(code, d, w, s, x, y, X, Y, n, True, True, g, kappa, knee)
+
+
 @pytest.mark.parametrize(("task", "cap"), [("auc", None), ("auc", 0.5), ("auc", 0.27),
                                             ("metric", None)])  # fmt: skip
 def test_buffer_terms_are_the_regularised_loss(task: str, cap: float | None) -> None:
@@ -348,8 +355,6 @@ def test_buffer_terms_are_the_regularised_loss(task: str, cap: float | None) -> 
     capped logistic AUC loss too)."""
     if not _jit.NUMBA_INSTALLED:
         pytest.skip("numba is not installed")
-    import numba as nb
-
     rng = np.random.default_rng(4)
     d, n = 5, 23
     X = np.stack([clip_norm(r, 1.0) for r in rng.normal(size=(n + 1, d))])
@@ -367,11 +372,8 @@ def test_buffer_terms_are_the_regularised_loss(task: str, cap: float | None) -> 
     code = 0 if task == "auc" else 1
     kappa, knee = getattr(loss, "cap", 1.0), getattr(loss, "knee", -np.inf)
 
-    @nb.njit
-    def terms(w, s, x, y, X, Y, n, g):
-        return losses.buffer_terms(code, d, w, s, x, y, X, Y, n, True, True, g, kappa, knee)
-
-    value = terms(w.ravel(), s.ravel(), X[n], Y[n], X, Y, n, g)
+    value = _compiled_buffer_terms(code, d, w.ravel(), s.ravel(), X[n], Y[n], X, Y, n, g,
+                                   float(kappa), float(knee))  # fmt: skip
     assert value / n == pytest.approx(loss.value(s, X[n], Y[n], X[:n], Y[:n]), rel=1e-13)
     np.testing.assert_allclose(
         g.reshape(w.shape) / n, loss.gradient(w, X[n], Y[n], X[:n], Y[:n]), rtol=1e-12,

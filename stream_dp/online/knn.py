@@ -81,4 +81,8 @@ class PrivateMetricKNN(base.Classifier):
         from stream_dp.online.onpairstrc import OnPairStrC
         from stream_dp.online.params import river_check_params
 
-        yield {"metric": OnPairStrC(**river_check_params("metric", multiclass=True))}
+        # A short window: river's checks predict thousands of times, each against the window.
+        yield {
+            "metric": OnPairStrC(**river_check_params("metric", multiclass=True)),
+            "window_size": 50,
+        }
