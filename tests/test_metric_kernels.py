@@ -67,12 +67,16 @@ def test_compiled_eigensolver_is_an_eigendecomposition(d: int) -> None:
         assert V.flags.c_contiguous
 
 
+# One compiled (and cached) kernel for every case: a new dispatcher per case compiles again.
+_compiled_projection = _jit.njit(constraints.project_psd_frobenius)
+
+
 @pytest.mark.parametrize("numba", [False, True])
 @pytest.mark.parametrize("d", [4, 32])
 def test_psd_projection_is_the_euclidean_projection_on_both_backends(d: int, numba: bool) -> None:
     project = constraints.project_psd_frobenius
     if numba and _jit.NUMBA_INSTALLED:
-        project = _jit.numba.njit(constraints.project_psd_frobenius)
+        project = _compiled_projection
     rng = np.random.default_rng(7 * d)
     radius = 1.0
     cases = [S / np.abs(S).max() if np.abs(S).max() > 0 else S for S in _symmetric_cases(rng, d)]
