@@ -39,6 +39,8 @@ from stream_dp.sealing import open_sealed, sealed_context
 
 from .kafka_broker import KafkaBroker
 from .test_engine_kafka import (
+    ENGINE_EXITS,
+    _status,
     _wait_for,
     _write_toml,
     create_topic,
@@ -106,6 +108,37 @@ def _ledger(state: Path, model: str, k: int, master: str = MASTER):
     return ckpt, accountant_from_dict(OnPairStrC.ledger_state(ckpt.learner_state))
 
 
+def _stop_when_learned(
+    bootstrap: str, names: dict, instances: dict[str, tuple[subprocess.Popen, Path, Path]]
+) -> None:
+    """SIGTERM the instances once, between them, their partitions hold the whole input, and
+    check each exits 0; ``instances`` maps a name to its process, status file and log.
+
+    The run ends on an event, not on ``max_idle_seconds`` waited out: those are set to ride
+    out a take-over, many seconds of idleness a finished run would wait again. A partition
+    counts when an instance that lists it as held reports its step at the partition's end
+    offset; SIGTERM commits and publishes what is learned.
+    """
+    sizes = _partition_sizes(bootstrap, names["input"])
+    deadline = time.monotonic() + patience(300)  # the backlog of live input: 12 s at load 2
+    steps: dict[int, int] = {}
+    while True:
+        steps = {}
+        for proc, status, log in instances.values():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            s = _status(status)
+            for k in s.get("partitions", []):
+                steps[k] = max(steps.get(k, 0), s["by_partition"][str(k)]["step"])
+        if all(steps.get(k) == n for k, n in sizes.items()):
+            break
+        assert time.monotonic() < deadline, (steps, sizes)
+        time.sleep(0.1)  # polling interval of a bounded wait
+    for proc, _, _ in instances.values():
+        proc.send_signal(signal.SIGTERM)
+    for proc, _, log in instances.values():
+        assert proc.wait(timeout=patience(ENGINE_EXITS)) == 0, log.read_text()[-3000:]
+
+
 @pytest.mark.scenario
 def test_two_instances_one_killed_then_a_third_joins(
     kafka_broker: KafkaBroker, unique_name, tmp_path, kafka_client
@@ -157,9 +190,9 @@ def test_two_instances_one_killed_then_a_third_joins(
         stop_producing.set()
         live.join(timeout=patience(120))
         assert not live.is_alive()
-        for i in "BC":
-            log = (tmp_path / f"engine-{i}.log").read_text
-            assert procs[i].wait(timeout=patience(300)) == 0, log()[-3000:]
+        _stop_when_learned(bootstrap, names, {
+            i: (procs[i], status[i], tmp_path / f"engine-{i}.log") for i in "BC"
+        })  # fmt: skip
     finally:
         stop_producing.set()
         for p in procs.values():
@@ -587,9 +620,9 @@ def test_a_take_over_and_a_rebalance_through_the_checkpoint_topic_are_quick(
         rebalanced_until = time.time()
         times = [t for t in _release_times(bootstrap, names["releases"])
                  if joined <= t <= rebalanced_until]  # fmt: skip
-        for i in ("Y", "X2"):
-            log = (homes[i][0] / f"engine-{i}.log").read_text
-            assert procs[i].wait(timeout=patience(600)) == 0, log()[-3000:]
+        _stop_when_learned(bootstrap, names, {
+            i: (procs[i], status[i], homes[i][0] / f"engine-{i}.log") for i in ("Y", "X2")
+        })  # fmt: skip
     finally:
         stop_producing.set()
         for p in procs.values():
