@@ -120,7 +120,7 @@ def _stop_when_learned(
     offset; SIGTERM commits and publishes what is learned.
     """
     sizes = _partition_sizes(bootstrap, names["input"])
-    deadline = time.monotonic() + patience(300)  # the backlog of live input: 12 s at load 2
+    deadline = time.monotonic() + patience(300)  # the backlog of live input: 5 s at load 7
     steps: dict[int, int] = {}
     while True:
         steps = {}
