@@ -31,6 +31,13 @@ def test_blocks_are_bit_identical_to_single_steps(factorization) -> None:
     np.testing.assert_array_equal(blocks, _rows(factorization, 11, 5, len(blocks)))
 
 
+def test_tree_rows_drawn_in_chunks_are_the_single_steps() -> None:
+    """The tree draws its node rows a chunk of steps at a time (2 · size values per step at
+    most 2²⁰): at 32 768 values per row (still drawn in keyed blocks) 40 steps are three chunks."""
+    blocks = _rows(BinaryTree(), 11, 32_768, 0, blocks=[40])
+    np.testing.assert_array_equal(blocks, _rows(BinaryTree(), 11, 32_768, 0, blocks=[1] * 40))
+
+
 @pytest.mark.parametrize("factorization", FACTORIZATIONS, ids=lambda f: f.name)
 def test_rows_are_the_noise_matrix_times_keyed_standard_rows(factorization) -> None:
     n, size = 40, 3
