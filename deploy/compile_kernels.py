@@ -15,6 +15,7 @@ import numpy as np
 
 from stream_dp._jit import numba_active
 from stream_dp.online import OnPairMF, OnPairStrC, PairwiseGIGA
+from stream_dp.privacy.contribution import ContributionBound
 
 
 def main() -> int:
@@ -41,6 +42,8 @@ def main() -> int:
         learner.learn_many(X[steps:], y[steps:])
         if learner.accountant is not None:  # (PairwiseGIGA spends no privacy)
             learner.accountant.spent()
+    # A unit-level learner's admission: the keyed hash, probe and update in one compiled call.
+    ContributionBound(1, secret=0).admit("unit", 1)
     print(f"compile_kernels: done in {time.monotonic() - start:.0f} s")
     return 0
 

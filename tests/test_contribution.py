@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stream_dp.privacy import contribution
+from stream_dp._jit import numba_active, use_numba
 from stream_dp.privacy.contribution import DROP_REASONS, ContributionBound, unit_bytes
 from stream_dp.records import InvalidRecord
 
@@ -37,13 +37,20 @@ def _skewed_units(rng, n: int, units: int) -> list:
     return [f"u{v}" if v % 3 else int(v) for v in raw.tolist()]
 
 
+def _bound(compiled: bool, *args, **kwargs) -> ContributionBound:
+    """A bound whose admissions run compiled (one numba call each) or in Python (hashlib)."""
+    if compiled and not numba_active():
+        pytest.skip("numba is not active")
+    with use_numba(compiled):
+        return ContributionBound(*args, **kwargs)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("k,b", [(1, 1), (2, 1), (3, 5), (4, 129), (8, 40)])
-def test_admissions_follow_the_rule(k: int, b: int, monkeypatch) -> None:
-    if k % 2:  # a small cache: units go in and out of it all the time
-        monkeypatch.setattr(contribution, "_RECENT", 32)
+def test_admissions_follow_the_rule(k: int, b: int, compiled: bool) -> None:
     rng = np.random.default_rng(k * 100 + b)
     units = _skewed_units(rng, 20_000, 3_000)
-    bound = ContributionBound(k, b, secret=11)
+    bound = _bound(compiled, k, b, secret=11)
     mask = bound.admit_many(units, 1)
     assert mask.tolist() == _reference(units, k, b)
     assert bound.admitted == int(mask.sum()) == bound.last_step
@@ -62,22 +69,38 @@ def test_admissions_follow_the_rule(k: int, b: int, monkeypatch) -> None:
     assert all(bound.events_of(u) == len(s) for u, s in list(steps.items())[:500])
 
 
-@pytest.mark.parametrize("recent", [16, 4096])
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("k,b", [(2, 1), (3, 4)])
-def test_one_unit_under_several_names_has_one_budget(k: int, b: int, recent: int, monkeypatch):
+def test_one_unit_under_several_names_has_one_budget(k: int, b: int, compiled: bool):
     # 42, "42", b"42" and np.int64(42) name one unit, interleaved at random, with enough other
-    # units to push it out of the (write-back) cache and grow the table in between.
-    monkeypatch.setattr(contribution, "_RECENT", recent)
+    # units to grow the table in between.
     rng = np.random.default_rng(k + b)
     names = [lambda v: v, lambda v: str(v), lambda v: str(v).encode(), lambda v: np.int64(v)]
     units = []
     for _ in range(30_000):
         v = int(rng.zipf(1.2)) % 9_000
         units.append(names[int(rng.integers(4))](v))
-    bound = ContributionBound(k, b, secret=2)
+    bound = _bound(compiled, k, b, secret=2)
     mask = bound.admit_many(units, 1)
     assert mask.tolist() == _reference(units, k, b)
-    assert bound._capacity > 1024  # it grew while units were cached
+    assert bound._capacity > 1024  # it grew on the way
+
+
+def test_compiled_and_python_admissions_build_the_same_table() -> None:
+    # The same decisions, counters and slots, slot for slot: a checkpoint of one loads in the
+    # other (hashlib's BLAKE2b and the compiled one are the same function).
+    units = _skewed_units(np.random.default_rng(12), 30_000, 12_000) + ["", b""]
+    a, b = _bound(True, 3, 6, secret=5), _bound(False, 3, 6, secret=5)
+    assert a._run is not b._run
+    assert a.admit_many(units, 1).tolist() == b.admit_many(units, 1).tolist()
+    sa, sb = a.state_dict(), b.state_dict()
+    assert np.array_equal(sa.pop("slots"), sb.pop("slots")) and sa == sb
+    c = _bound(False, 3, 6, secret=5)
+    c.load_state_dict(a.state_dict())
+    more = _skewed_units(np.random.default_rng(13), 5_000, 20_000)
+    assert (
+        a.admit_many(more, a.last_step + 1).tolist() == c.admit_many(more, c.last_step + 1).tolist()
+    )
 
 
 def test_a_dropped_event_shifts_no_other_units_step() -> None:

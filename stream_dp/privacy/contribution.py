@@ -26,21 +26,22 @@ if their hashes collide, with probability below ``m²/2¹²⁹`` for m units (�
 and without the secret an attacker cannot aim a key at another unit's slot (which would spend that
 unit's budget). A collision would merge two units, which only drops more events: merging is never
 a privacy risk, splitting is. So keys are canonical: ``42``, ``"42"`` and ``b"42"`` are one unit.
-A cache of the slots of the last few thousand distinct keys (a fixed size, never checkpointed)
-spares a unit with many events the hash and the probe.
+With numba, an admission — the keyed hash (:mod:`stream_dp.privacy.blake2b`, hashlib's BLAKE2b bit
+for bit), the probe and the update — is one compiled call; without it, hashlib and the same table
+code in Python.
 
 """
 
 from __future__ import annotations
 
-import array
 import hashlib
-import itertools
 import struct
 
 import numpy as np
 
 from connectors.schema import RecordError
+from stream_dp._jit import jitable, njit, numba_active
+from stream_dp.privacy.blake2b import KEYED_WORDS, digest128, keyed_state
 from stream_dp.privacy.secrets import derive_secret, new_secret
 
 __all__ = ["ContributionBound", "DROP_REASONS", "MAX_EVENTS", "MAX_STEP", "unit_bytes"]
@@ -60,9 +61,18 @@ MAX_STEP = (1 << (64 - _COUNT_BITS)) - 1
 _MAX_LOAD = 0.8
 _MIN_CAPACITY = 1024
 _UNPACK = struct.Struct("<QQ").unpack
-_RECENT = 4096
 _FORMAT = 1
 _PERSON = b"stream_dp/units"  # BLAKE2b personalisation of the unit hash
+
+# The bound's state is one uint64 array, the compiled admission's only array argument (numba
+# unboxes each array argument at every call): the counters (int64 through a view), the keyed
+# hash's state and scratch, then the table.
+_MASK, _MAX_EVENTS, _MIN_SEP, _LAST, _UNITS, _GROW_AT, _MAX_UNITS, _DROPPED = range(8)
+_N_COUNTERS = _DROPPED + len(DROP_REASONS)
+_KEYED = _N_COUNTERS
+_TABLE = _KEYED + KEYED_WORDS
+# What one admission did: the two common answers, then the rare ones Python finishes.
+_DROP, _ADMIT, _ADMIT_GROW, _BAD_STEP, _EMPTY = range(5)
 
 
 def unit_bytes(unit) -> bytes:
@@ -108,17 +118,70 @@ def unit_bytes(unit) -> bytes:
     )
 
 
-def _reference(unit) -> str | bytes:
-    """One hashable name per unit: its canonical bytes as a str when they are UTF-8 (surrogates
-    allowed, as :func:`unit_bytes` encodes them), else the bytes. ``42``, ``"42"`` and ``b"42"``
-    all give ``"42"``, so a unit has a single entry in :class:`ContributionBound`'s cache."""
-    if type(unit) is str:
-        return unit
-    data = unit_bytes(unit)
-    try:
-        return data.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError:
-        return data
+@jitable
+def _admit_hashed(lo, hi, step, table, c):
+    """Admit or drop one event of the unit whose keyed hash is ``(lo, hi)``, at ``step``.
+
+    ``table`` is the open-addressing table (three words a slot: the hash's halves, then (last
+    step << 16) | count; a zero state word is an empty slot), ``c`` the counters (``_MASK`` …).
+    Returns ``_ADMIT``, ``_DROP`` (counted by reason) or ``_ADMIT_GROW`` (admitted, and the
+    table is now past its load: the caller grows it). One body for the compiled admission and
+    for Python (hashlib's hash, then this).
+    """
+    i = np.int64(np.uint64(lo) & np.uint64(c[_MASK]))
+    while True:
+        j = _WIDTH * i
+        state = table[j + 2]
+        if state == 0:  # a new unit: its first event is admitted, unless units are capped
+            if c[_UNITS] >= c[_MAX_UNITS]:
+                c[_DROPPED + 2] += 1
+                return _DROP
+            table[j] = lo
+            table[j + 1] = hi
+            table[j + 2] = (np.uint64(step) << np.uint64(_COUNT_BITS)) | np.uint64(1)
+            c[_UNITS] += 1
+            c[_LAST] = step
+            return _ADMIT_GROW if c[_UNITS] > c[_GROW_AT] else _ADMIT
+        if table[j] == lo and table[j + 1] == hi:
+            count = np.int64(state & np.uint64(_COUNT_MASK))
+            if count >= c[_MAX_EVENTS]:
+                c[_DROPPED] += 1
+                return _DROP
+            if step - np.int64(state >> np.uint64(_COUNT_BITS)) < c[_MIN_SEP]:
+                c[_DROPPED + 1] += 1
+                return _DROP
+            table[j + 2] = (np.uint64(step) << np.uint64(_COUNT_BITS)) | np.uint64(count + 1)
+            c[_LAST] = step
+            return _ADMIT
+        i = (i + 1) & c[_MASK]
+
+
+@njit
+def _admit_compiled(data, step, mem):
+    """The whole admission in one compiled call: the step's check, the keyed hash, the probe."""
+    c = mem[:_N_COUNTERS].view(np.int64)
+    if step <= c[_LAST] or step > MAX_STEP:
+        return _BAD_STEP
+    if len(data) == 0:
+        return _EMPTY
+    lo, hi = digest128(mem[_KEYED:_TABLE], data)
+    return _admit_hashed(lo, hi, step, mem[_TABLE:], c)
+
+
+_ENTRY: list = []  # the compiled admission's entry point, once resolved in this process
+
+
+def _compiled_entry():
+    """:func:`_admit_compiled`'s machine code for (bytes, int, the state array), called without
+    numba's dispatcher: it would type the arguments again at every event (a third of a
+    microsecond; their types never change — :meth:`ContributionBound.admit` only ever passes
+    these)."""
+    if not _ENTRY:
+        args = (b"x", 1, np.zeros(_TABLE + _WIDTH * 2, dtype=np.uint64))
+        _admit_compiled(*args)
+        sig = tuple(_admit_compiled.typeof_pyval(a) for a in args)
+        _ENTRY.append(_admit_compiled.overloads[sig].entry_point)
+    return _ENTRY[0]
 
 
 class ContributionBound:
@@ -176,35 +239,40 @@ class ContributionBound:
         self.label = str(label)
         key = derive_secret(new_secret() if secret is None else secret, "unit-key/" + self.label)
         self._key = key.to_bytes(16, "little")
+        self._mem = np.zeros(_TABLE, dtype=np.uint64)
+        self._views()
+        self._c[_MAX_EVENTS] = self.max_events
+        self._c[_MIN_SEP] = self.min_separation
+        self._c[_MAX_UNITS] = (1 << 62) if self.max_units is None else self.max_units
         self._derived()
         self._check = self._hash(b"\x00stream_dp/unit-key-check")
         self._clear(_MIN_CAPACITY)
-        self._dropped = [0, 0, 0]
-        self.last_step = 0  # the step of the latest admitted event: steps only increase
 
     def _derived(self) -> None:
-        """The keyed hash and the cache: rebuilt, never stored (hash objects do not pickle)."""
+        """The keyed hash and the admission's code: rebuilt, never stored (neither pickles)."""
         self._copy = hashlib.blake2b(key=self._key, digest_size=16, person=_PERSON).copy
-        # A write-back cache of the recently seen units: [last step, count, index of the state
-        # word in the table] (the table's state word is stale while a unit is here). A unit with
-        # many events pays for BLAKE2b and the probe once per _RECENT distinct units, and its
-        # events touch one small list: small ints, updated in place, no packing. The table is
-        # written when the cache is full, before it grows, and before anything reads it. Keyed
-        # by the unit's one canonical name (_reference): two names of one unit must never hold
-        # two states. str and bytes are hashed by Python's seeded SipHash, so keys cannot be
-        # chosen to collide in it. Its size does not grow with the units.
-        self._cache: dict[str | bytes, list[int]] = {}
-        self._cached = self._cache.get
+        if numba_active():
+            self._keyed[:] = keyed_state(self._key, _PERSON)
+            self._run = _compiled_entry()
+        else:
+            self._run = self._admit_python
+
+    def _views(self) -> None:
+        """The parts of the state array, as Python code reads them."""
+        mem = self._mem
+        self._c = mem[:_N_COUNTERS].view(np.int64)
+        self._keyed = mem[_KEYED:_TABLE]
+        self._table = mem[_TABLE:]
 
     def __getstate__(self) -> dict:
-        self._flush()
         state = dict(self.__dict__)
-        for name in ("_copy", "_cache", "_cached"):
+        for name in ("_copy", "_run", "_c", "_keyed", "_table"):
             del state[name]
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._views()
         self._derived()
 
     # -- admission ------------------------------------------------------------------------------
@@ -217,57 +285,36 @@ class ContributionBound:
         :attr:`dropped` and changes nothing else. Raises :class:`~connectors.schema.RecordError`
         for a missing or ambiguous key, leaving the state untouched.
         """
-        # The common case — a unit in the cache, a valid step — in as few operations as possible.
+        data = unit.encode("utf-8", "surrogatepass") if type(unit) is str else unit_bytes(unit)
         try:
-            cached = self._cached(unit)
-        except TypeError:  # unhashable: not a unit key (the cold path says why)
-            cached = None
-        if cached is not None and self.last_step < step <= MAX_STEP and type(step) is int:
-            count = cached[1]
-            if count < self.max_events and step - cached[0] >= self.min_separation:
-                cached[0] = step
-                cached[1] = count + 1
-                self.last_step = step
-                return True
-            return self._drop(count)
-        return self._admit_cold(unit, step, cached is None and type(unit) is str)
-
-    def _admit_cold(self, unit, step, new_name: bool = False) -> bool:
-        """:meth:`admit` for a unit not in the cache under this name (``new_name``: a str that
-        the cache was just asked for), or for an unusual step: check the step, find the unit
-        (hash and probe) or insert it, cache it, then decide as :meth:`admit` does."""
-        if type(step) is not int or not self.last_step < step <= MAX_STEP:
-            step = self._check_step(step)
-        ref = unit if type(unit) is str else _reference(unit)  # RecordError: not a unit key
-        cache = self._cache
-        if new_name or ref not in cache:
-            lo, hi = self._hash(ref.encode("utf-8", "surrogatepass") if type(ref) is str else ref)
-            j = self._probe(lo, hi)
-            if j < 0:  # a new unit: its first event is admitted, unless units are capped
-                return self._insert_unit(ref, ~j, lo, hi, step)
-            state = self._table[j + 2]
-            if len(cache) >= _RECENT:
-                self._evict()
-            cache[ref] = [state >> _COUNT_BITS, state & _COUNT_MASK, j + 2]
-        return self.admit(ref, step)  # cached now, under its canonical name
-
-    def _insert_unit(self, ref: str | bytes, j: int, lo: int, hi: int, step: int) -> bool:
-        """A new unit's first event, at the empty slot whose first word is j: admitted."""
-        if self.max_units is not None and self._units >= self.max_units:
-            self._dropped[2] += 1
+            done = self._run(data, step, self._mem)
+        except (TypeError, OverflowError):  # not an int64 step: the checks below say why
+            done = _BAD_STEP
+        if done == _ADMIT:
+            return True
+        if done == _DROP:
             return False
-        table = self._table
-        table[j] = lo
-        table[j + 1] = hi
-        table[j + 2] = (step << _COUNT_BITS) | 1
-        self._units += 1
-        self.last_step = step
-        if len(self._cache) >= _RECENT:
-            self._evict()
-        self._cache[ref] = [step, 1, j + 2]
-        if self._units > self._grow_at:
-            self._resize(2 * self._capacity)  # moves units; the cache follows them
-        return True
+        return self._admit_rare(data, step, done)
+
+    def _admit_python(self, data: bytes, step, mem) -> int:
+        """:func:`_admit_compiled` without numba: hashlib's hash, then the same table code."""
+        if type(step) is not int or not self._c[_LAST] < step <= MAX_STEP:
+            return _BAD_STEP
+        return _admit_hashed(*self._hash(data), step, self._table, self._c)
+
+    def _admit_rare(self, data: bytes, step, done: int) -> bool:
+        """Finish an admission the one-call path did not: grow the table after a new unit, or
+        decide in Python an event whose step the compiled call does not take (checked here: a
+        ValueError unless it follows the last admitted step) or whose key is empty."""
+        if done == _ADMIT_GROW:
+            self._resize(2 * self._capacity)
+            return True
+        if done == _BAD_STEP:
+            step = self._check_step(step)
+        done = _admit_hashed(*self._hash(data), step, self._table, self._c)
+        if done == _ADMIT_GROW:
+            self._resize(2 * self._capacity)
+        return done != _DROP
 
     def _check_step(self, step) -> int:
         step = int(step)
@@ -277,10 +324,6 @@ class ContributionBound:
                 "and its contribution bound are out of step"
             )
         return step
-
-    def _drop(self, count: int) -> bool:
-        self._dropped[0 if count >= self.max_events else 1] += 1
-        return False
 
     def admit_many(self, units, first_step: int) -> np.ndarray:
         """:meth:`admit` for each unit in order; admitted events take ``first_step``,
@@ -307,50 +350,54 @@ class ContributionBound:
 
     def events_of(self, unit) -> int:
         """The number of admitted events of ``unit`` (0 for a unit never admitted)."""
-        self._flush()
         j = self._probe(*self._hash(unit_bytes(unit)))
-        return 0 if j < 0 else int(self._table[j + 2] & _COUNT_MASK)
+        return 0 if j < 0 else int(self._table[j + 2] & np.uint64(_COUNT_MASK))
 
     # -- what it did ----------------------------------------------------------------------------
     @property
+    def last_step(self) -> int:
+        """The step of the latest admitted event (0 before the first): steps only increase."""
+        return int(self._c[_LAST])
+
+    @property
     def dropped(self) -> dict[str, int]:
         """Dropped events by reason (:data:`DROP_REASONS`)."""
-        return dict(zip(DROP_REASONS, self._dropped, strict=True))
+        counts = self._c[_DROPPED:].tolist()
+        return dict(zip(DROP_REASONS, counts, strict=True))
 
     @property
     def admitted(self) -> int:
         """Events admitted so far: the sum of the units' counts."""
-        self._flush()
         return int(np.sum(self._view()[:, 2] & np.uint64(_COUNT_MASK), dtype=np.uint64))
 
     @property
     def n_units(self) -> int:
         """Units with at least one admitted event."""
-        return self._units
+        return int(self._c[_UNITS])
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the per-unit table (the only part that grows with the units)."""
-        return self._table.buffer_info()[1] * self._table.itemsize
+        """Bytes of the bound's state: the per-unit table (the only part that grows with the
+        units) and ~0.5 kB of counters and hash state."""
+        return self._mem.nbytes
 
     def describe(self) -> str:
         d = self.dropped
         return (
             f"contribution bound: ≤ {self.max_events} events per unit, ≥ {self.min_separation} "
-            f"steps apart; {self.admitted} admitted, {self._units} units, dropped "
+            f"steps apart; {self.admitted} admitted, {self.n_units} units, dropped "
             + ", ".join(f"{v} ({k})" for k, v in d.items())
         )
 
     def __repr__(self) -> str:
         return (
             f"ContributionBound(max_events={self.max_events}, "
-            f"min_separation={self.min_separation}, units={self._units})"
+            f"min_separation={self.min_separation}, units={self.n_units})"
         )
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The occupied slots (24 bytes per unit), the counters and a check of the hash key."""
-        self._flush()
         view = self._view()
         occupied = view[:, 2] != 0
         return {
@@ -396,8 +443,8 @@ class ContributionBound:
         dropped = state["dropped"]
         self._clear(_capacity_for(len(slots)))
         self._insert(slots)
-        self.last_step = int(state["last_step"])
-        self._dropped = [int(dropped[r]) for r in DROP_REASONS]
+        self._c[_LAST] = int(state["last_step"])
+        self._c[_DROPPED:] = [int(dropped[r]) for r in DROP_REASONS]
 
     # -- the table ------------------------------------------------------------------------------
     def _hash(self, data: bytes) -> tuple[int, int]:
@@ -406,7 +453,8 @@ class ContributionBound:
         return _UNPACK(h.digest())
 
     def _probe(self, lo: int, hi: int) -> int:
-        table, mask = self._table, self._mask
+        """The first word of the unit's slot, or ``~j`` for the empty slot j where it would go."""
+        table, mask = self._table, self._capacity - 1
         i = lo & mask
         while True:
             j = _WIDTH * i
@@ -416,52 +464,25 @@ class ContributionBound:
                 return j
             i = (i + 1) & mask
 
-    def _evict(self) -> None:
-        """Drop the older half of the cache (first inserted), its states written to the table."""
-        self._flush()
-        cache = self._cache
-        for ref in list(itertools.islice(cache, len(cache) // 2 or 1)):
-            del cache[ref]
-
-    def _flush(self) -> None:
-        """Write the cached states into the table (the cache keeps them)."""
-        cache = self._cache
-        if cache:
-            rows = np.fromiter(
-                itertools.chain.from_iterable(cache.values()), dtype=np.int64, count=3 * len(cache)
-            ).reshape(-1, 3)
-            packed = (rows[:, 0].astype(np.uint64) << np.uint64(_COUNT_BITS)) | rows[:, 1].astype(
-                np.uint64
-            )
-            np.frombuffer(self._table, dtype=np.uint64)[rows[:, 2]] = packed
-
     def _clear(self, capacity: int) -> None:
-        self._cache.clear()
         self._capacity = capacity
-        self._mask = capacity - 1
-        self._grow_at = int(_MAX_LOAD * capacity)
-        self._table = array.array("Q", bytes(8 * _WIDTH * capacity))
-        self._units = 0
+        mem = np.zeros(_TABLE + _WIDTH * capacity, dtype=np.uint64)
+        mem[:_TABLE] = self._mem[:_TABLE]
+        self._mem = mem
+        self._views()
+        self._c[_MASK] = capacity - 1
+        self._c[_GROW_AT] = int(_MAX_LOAD * capacity)
+        self._c[_UNITS] = 0
 
     def _view(self) -> np.ndarray:
-        return np.frombuffer(self._table, dtype=np.uint64).reshape(-1, _WIDTH)
+        return self._table.reshape(-1, _WIDTH)
 
     def _resize(self, capacity: int) -> None:
-        """Rehash into a table of ``capacity`` slots; cached units follow their slots."""
-        self._flush()
+        """Rehash into a table of ``capacity`` slots."""
         view = self._view()
-        occupied = np.flatnonzero(view[:, 2] != 0)
-        slots = view[occupied].copy()
-        cached = dict(self._cache)
+        slots = view[view[:, 2] != 0].copy()
         self._clear(capacity)
-        moved = self._insert(slots)  # new slot of each old occupied slot, in that order
-        if cached:
-            entries = list(cached.values())
-            old = np.fromiter((e[2] for e in entries), dtype=np.int64, count=len(entries))
-            new = moved[np.searchsorted(occupied, old // _WIDTH)] * _WIDTH + 2
-            for entry, at in zip(entries, new.tolist(), strict=True):
-                entry[2] = at
-            self._cache.update(cached)
+        self._insert(slots)
 
     def _insert(self, slots: np.ndarray) -> np.ndarray:
         """Place distinct units into the empty table by linear probing, vectorised; returns the
@@ -473,9 +494,9 @@ class ContributionBound:
         is past the end (the table is at most 80 % full).
         """
         m = len(slots)
-        if m > self._grow_at:
+        if m > self._c[_GROW_AT]:
             raise ValueError("more units than the table may hold")
-        home = (slots[:, 0] & np.uint64(self._mask)).astype(np.int64)
+        home = (slots[:, 0] & np.uint64(self._capacity - 1)).astype(np.int64)
         rows = np.argsort(home, kind="stable")  # rows[i]: the input row placed i-th
         home = home[rows]
         while True:
@@ -488,7 +509,7 @@ class ContributionBound:
             rows = rows[first]
             home = np.where(spill, 0, home)[first]
         self._view()[pos] = slots[rows]
-        self._units = m
+        self._c[_UNITS] = m
         placed = np.empty(m, dtype=np.int64)
         placed[rows] = pos
         return placed
