@@ -61,6 +61,7 @@ MAX_STEP = (1 << (64 - _COUNT_BITS)) - 1
 _MAX_LOAD = 0.8
 _MIN_CAPACITY = 1024
 _UNPACK = struct.Struct("<QQ").unpack
+_UNPACK_SIGNED = struct.Struct("<qq").unpack  # the same words, as the int64 admission reads them
 _FORMAT = 1
 _PERSON = b"stream_dp/units"  # BLAKE2b personalisation of the unit hash
 
@@ -122,13 +123,14 @@ def unit_bytes(unit) -> bytes:
 def _admit_hashed(lo, hi, step, table, c):
     """Admit or drop one event of the unit whose keyed hash is ``(lo, hi)``, at ``step``.
 
-    ``table`` is the open-addressing table (three words a slot: the hash's halves, then (last
-    step << 16) | count; a zero state word is an empty slot), ``c`` the counters (``_MASK`` …).
-    Returns ``_ADMIT``, ``_DROP`` (counted by reason) or ``_ADMIT_GROW`` (admitted, and the
-    table is now past its load: the caller grows it). One body for the compiled admission and
-    for Python (hashlib's hash, then this).
+    ``table`` is the open-addressing table read as int64 (three words a slot: the hash's halves,
+    then (last step << 16) | count, below 2⁶³; a zero state word is an empty slot), ``c`` the
+    counters (``_MASK`` …); ``lo`` and ``hi`` are the hash's words as int64 too. Returns
+    ``_ADMIT``, ``_DROP`` (counted by reason) or ``_ADMIT_GROW`` (admitted, and the table is now
+    past its load: the caller grows it). One body for the compiled admission (int64 arrays) and
+    for Python (hashlib's hash, then this on memoryviews: plain ints, no NumPy scalars).
     """
-    i = np.int64(np.uint64(lo) & np.uint64(c[_MASK]))
+    i = lo & c[_MASK]
     while True:
         j = _WIDTH * i
         state = table[j + 2]
@@ -138,19 +140,19 @@ def _admit_hashed(lo, hi, step, table, c):
                 return _DROP
             table[j] = lo
             table[j + 1] = hi
-            table[j + 2] = (np.uint64(step) << np.uint64(_COUNT_BITS)) | np.uint64(1)
+            table[j + 2] = (step << _COUNT_BITS) | 1
             c[_UNITS] += 1
             c[_LAST] = step
             return _ADMIT_GROW if c[_UNITS] > c[_GROW_AT] else _ADMIT
         if table[j] == lo and table[j + 1] == hi:
-            count = np.int64(state & np.uint64(_COUNT_MASK))
+            count = state & _COUNT_MASK
             if count >= c[_MAX_EVENTS]:
                 c[_DROPPED] += 1
                 return _DROP
-            if step - np.int64(state >> np.uint64(_COUNT_BITS)) < c[_MIN_SEP]:
+            if step - (state >> _COUNT_BITS) < c[_MIN_SEP]:
                 c[_DROPPED + 1] += 1
                 return _DROP
-            table[j + 2] = (np.uint64(step) << np.uint64(_COUNT_BITS)) | np.uint64(count + 1)
+            table[j + 2] = (step << _COUNT_BITS) | (count + 1)
             c[_LAST] = step
             return _ADMIT
         i = (i + 1) & c[_MASK]
@@ -165,7 +167,7 @@ def _admit_compiled(data, step, mem):
     if len(data) == 0:
         return _EMPTY
     lo, hi = digest128(mem[_KEYED:_TABLE], data)
-    return _admit_hashed(lo, hi, step, mem[_TABLE:], c)
+    return _admit_hashed(np.int64(lo), np.int64(hi), step, mem[_TABLE:].view(np.int64), c)
 
 
 _ENTRY: list = []  # the compiled admission's entry point, once resolved in this process
@@ -263,10 +265,11 @@ class ContributionBound:
         self._c = mem[:_N_COUNTERS].view(np.int64)
         self._keyed = mem[_KEYED:_TABLE]
         self._table = mem[_TABLE:]
+        self._py = (memoryview(self._table.view(np.int64)), memoryview(self._c))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for name in ("_copy", "_run", "_c", "_keyed", "_table"):
+        for name in ("_copy", "_run", "_c", "_keyed", "_table", "_py"):
             del state[name]
         return state
 
@@ -298,9 +301,9 @@ class ContributionBound:
 
     def _admit_python(self, data: bytes, step, mem) -> int:
         """:func:`_admit_compiled` without numba: hashlib's hash, then the same table code."""
-        if type(step) is not int or not self._c[_LAST] < step <= MAX_STEP:
+        if type(step) is not int or not self._py[1][_LAST] < step <= MAX_STEP:
             return _BAD_STEP
-        return _admit_hashed(*self._hash(data), step, self._table, self._c)
+        return _admit_hashed(*self._signed_hash(data), step, *self._py)
 
     def _admit_rare(self, data: bytes, step, done: int) -> bool:
         """Finish an admission the one-call path did not: grow the table after a new unit, or
@@ -311,7 +314,7 @@ class ContributionBound:
             return True
         if done == _BAD_STEP:
             step = self._check_step(step)
-        done = _admit_hashed(*self._hash(data), step, self._table, self._c)
+        done = _admit_hashed(*self._signed_hash(data), step, *self._py)
         if done == _ADMIT_GROW:
             self._resize(2 * self._capacity)
         return done != _DROP
@@ -451,6 +454,11 @@ class ContributionBound:
         h = self._copy()
         h.update(data)
         return _UNPACK(h.digest())
+
+    def _signed_hash(self, data: bytes) -> tuple[int, int]:
+        h = self._copy()
+        h.update(data)
+        return _UNPACK_SIGNED(h.digest())
 
     def _probe(self, lo: int, hi: int) -> int:
         """The first word of the unit's slot, or ``~j`` for the empty slot j where it would go."""
