@@ -33,8 +33,9 @@ _IV = np.array(
     dtype=np.uint64,
 )
 
-# The message schedule of RFC 7693, section 2.7; rounds 10 and 11 reuse the first two rows.
-_SIGMA = np.array(
+# The message schedule of RFC 7693, section 2.7: ten permutations; rounds 10 and 11 reuse the
+# first two.
+_PERMUTATIONS = np.array(
     [
         [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
         [14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3],
@@ -46,11 +47,10 @@ _SIGMA = np.array(
         [13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10],
         [6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5],
         [10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0],
-        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
-        [14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3],
     ],
     dtype=np.int64,
 )
+_SIGMA = np.concatenate([_PERMUTATIONS, _PERMUTATIONS[:2]])
 
 _DIGEST_BYTES = 16
 _BLOCK = 128
