@@ -250,3 +250,27 @@ def test_a_bound_survives_a_deep_copy_and_a_pickle() -> None:
             other.admit_many(rest, 4).tolist() == copy.deepcopy(bound).admit_many(rest, 4).tolist()
         )
         assert other.state_dict()["key_check"] == bound.state_dict()["key_check"]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_unusual_steps_and_copies_take_the_same_path(compiled: bool) -> None:
+    # A NumPy integer step is a step; a step past 2⁴⁸ − 1 or one that does not increase is a
+    # ValueError with nothing changed; a pickled or deep-copied bound continues identically.
+    import copy
+    import pickle
+
+    bound = _bound(compiled, 2, 3, secret=4)
+    assert bound.admit("a", np.int64(1)) and bound.admit("b", np.uint32(2))
+    assert not bound.admit("a", 3) and bound.admit("a", 4)
+    before = bound.state_dict()
+    for step in (4, 2**48, 2**70):
+        with pytest.raises(ValueError, match="out of step"):
+            bound.admit("c", step)
+    after = bound.state_dict()
+    assert np.array_equal(before.pop("slots"), after.pop("slots")) and before == after
+    units = _skewed_units(np.random.default_rng(6), 3_000, 900)
+    copies = [copy.deepcopy(bound), pickle.loads(pickle.dumps(bound))]
+    want = bound.admit_many(units, 5).tolist()
+    for other in copies:
+        assert other.admit_many(units, 5).tolist() == want
+        assert other.dropped == bound.dropped and other.n_units == bound.n_units
