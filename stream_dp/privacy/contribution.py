@@ -271,6 +271,9 @@ class ContributionBound:
         state = dict(self.__dict__)
         for name in ("_copy", "_run", "_c", "_keyed", "_table", "_py"):
             del state[name]
+        # The hash's scratch holds the last key it hashed: no copy of the bound carries it.
+        state["_mem"] = mem = self._mem.copy()
+        mem[_KEYED + 8 : _TABLE] = 0
         return state
 
     def __setstate__(self, state: dict) -> None:
