@@ -314,7 +314,7 @@ class CommitCycle:
             old = self.per_record
             self.per_record = cost if old is None or cost >= old else max(cost, old / 2)
 
-    def batch_limit(self) -> int:
+    def batch_limit(self, assumed_per_record: float | None = None) -> int:
         """How many messages the next poll may take.
 
         A batch never crosses a cycle's end: a source counts a polled batch as consumed, so a
@@ -322,7 +322,11 @@ class CommitCycle:
         sized to take :data:`BATCH_TIME_SHARE` of what is left of ``every_seconds`` at the
         measured cost per record, so that a slow learner (a metric model of many features, a
         busy machine) still checkpoints about every ``every_seconds`` instead of once per
-        :data:`MAX_BATCH` records. Before any measurement the batch is one record.
+        :data:`MAX_BATCH` records. Before any measurement the batch is one record, unless
+        ``assumed_per_record`` gives a cost to assume meanwhile (a scale-out instance passes its
+        partition learners' highest measured cost: they run one model's configuration, and a
+        partition learner that has never had a record must not hold the instance's shared poll
+        to one record).
 
         Examples
         --------
@@ -339,17 +343,22 @@ class CommitCycle:
         >>> now[0] = 1.0
         >>> cycle.batch_limit()  # 4 s left: 2 s of learning
         4
+        >>> fresh = CommitCycle(None, None, IterableSource([]), "m",
+        ...                     CyclePolicy(5000, 5.0, 1 << 20), dict, clock=lambda: now[0])
+        >>> fresh.batch_limit(), fresh.batch_limit(assumed_per_record=0.5)
+        (1, 5)
         """
         limit = min(MAX_BATCH, self.policy.every_records - self.since)
-        if self.per_record is None:
+        per_record = self.per_record if self.per_record is not None else assumed_per_record
+        if per_record is None:
             return 1
-        if self.per_record > 0:
+        if per_record > 0:
             # A cycle with nothing in it has all of every_seconds ahead, however long ago the
             # last one ended: an idle partition learner must not shrink the polls of the others
             # of its scale-out instance to one record each.
             empty = self.since == 0 and not len(self.outbox)
             left = self.policy.every_seconds - (0.0 if empty else self.clock() - self.began)
-            limit = min(limit, int(BATCH_TIME_SHARE * left / self.per_record))
+            limit = min(limit, int(BATCH_TIME_SHARE * left / per_record))
         return max(1, limit)
 
     def due(self, idle: bool) -> bool:

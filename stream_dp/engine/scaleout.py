@@ -532,8 +532,13 @@ class ScaleOut:
         idle_limit = self.config.source.max_idle_seconds
         last_record = time.monotonic()
         while not self.stopping.requested:
-            # One poll feeds every partition learner: none may take a batch past its cycle.
-            want = min([MAX_BATCH, *(e.cycle.batch_limit() for e in self.engines.values())])
+            # One poll feeds every partition learner: none may take a batch past its cycle. A
+            # learner that has not measured its cost yet assumes its siblings' highest: held to
+            # one record, it would hold the whole poll there while its partition stays empty of
+            # what the client hands out (librdkafka fills a one-record poll from one partition).
+            costs = [e.cycle.per_record for e in self.engines.values()]
+            assumed = max((c for c in costs if c is not None), default=None)
+            want = min([MAX_BATCH, *(e.cycle.batch_limit(assumed) for e in self.engines.values())])
             if self.max_records is not None:
                 want = min(want, self.max_records - self.records)
                 if want <= 0:
