@@ -306,18 +306,16 @@ class ContributionBound:
         """:func:`_admit_compiled` without numba: hashlib's hash, then the same table code."""
         if type(step) is not int or not self._py[1][_LAST] < step <= MAX_STEP:
             return _BAD_STEP
-        return _admit_hashed(*self._signed_hash(data), step, *self._py)
+        return _admit_hashed(*self._hash(data, _UNPACK_SIGNED), step, *self._py)
 
     def _admit_rare(self, data: bytes, step, done: int) -> bool:
         """Finish an admission the one-call path did not: grow the table after a new unit, or
         decide in Python an event whose step the compiled call does not take (checked here: a
         ValueError unless it follows the last admitted step) or whose key is empty."""
-        if done == _ADMIT_GROW:
-            self._resize(2 * self._capacity)
-            return True
-        if done == _BAD_STEP:
-            step = self._check_step(step)
-        done = _admit_hashed(*self._signed_hash(data), step, *self._py)
+        if done != _ADMIT_GROW:
+            if done == _BAD_STEP:
+                step = self._check_step(step)
+            done = _admit_hashed(*self._hash(data, _UNPACK_SIGNED), step, *self._py)
         if done == _ADMIT_GROW:
             self._resize(2 * self._capacity)
         return done != _DROP
@@ -453,15 +451,12 @@ class ContributionBound:
         self._c[_DROPPED:] = [int(dropped[r]) for r in DROP_REASONS]
 
     # -- the table ------------------------------------------------------------------------------
-    def _hash(self, data: bytes) -> tuple[int, int]:
+    def _hash(self, data: bytes, unpack=_UNPACK) -> tuple[int, int]:
+        """The keyed hash's two words, unsigned (the table's view) or, with ``_UNPACK_SIGNED``,
+        as the int64 admission reads them."""
         h = self._copy()
         h.update(data)
-        return _UNPACK(h.digest())
-
-    def _signed_hash(self, data: bytes) -> tuple[int, int]:
-        h = self._copy()
-        h.update(data)
-        return _UNPACK_SIGNED(h.digest())
+        return unpack(h.digest())
 
     def _probe(self, lo: int, hi: int) -> int:
         """The first word of the unit's slot, or ``~j`` for the empty slot j where it would go."""
@@ -475,8 +470,11 @@ class ContributionBound:
                 return j
             i = (i + 1) & mask
 
+    @property
+    def _capacity(self) -> int:
+        return int(self._c[_MASK]) + 1
+
     def _clear(self, capacity: int) -> None:
-        self._capacity = capacity
         mem = np.zeros(_TABLE + _WIDTH * capacity, dtype=np.uint64)
         mem[:_TABLE] = self._mem[:_TABLE]
         self._mem = mem
