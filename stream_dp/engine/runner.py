@@ -385,13 +385,18 @@ class Engine:
             self.cycle.outbox.add(stream, done.key, done.value)
         return done
 
-    def finish(self) -> None:
-        """End the last cycle (checkpoint and publish, waiting for it) and report the status."""
+    def finish(self, *, probe: bool = True) -> None:
+        """End the last cycle (checkpoint and publish, waiting for it) and report the status.
+
+        ``probe=False`` leaves the consumer lag out of that status: inside a rebalance
+        callback the consumer cannot answer an offsets request (librdkafka holds it until
+        the callback returns, so each one would wait out its timeout).
+        """
         try:
             self.commit()
         except Interrupted:
             self._report_interrupted()
-        self._report_status(time.monotonic(), up=False)
+        self._report_status(time.monotonic(), probe=probe, up=False)
 
     def close(self) -> None:
         """Close the ledger, outputs and source, stop serving metrics and unlock the state

@@ -295,7 +295,7 @@ class ScaleOut:
             if engine is None:
                 continue
             try:
-                engine.finish()
+                engine.finish(probe=False)  # inside the rebalance callback: no lag
                 log.info("partition %d: handed over at step %d", tp.partition, engine.learner.step)
             finally:
                 engine.close()
