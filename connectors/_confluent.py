@@ -135,6 +135,29 @@ _PRODUCER: dict[str, Callable[[Any], dict[str, Any]]] = {
 _ROLES = {"KafkaConsumer": _CONSUMER, "KafkaProducer": _PRODUCER}
 
 
+def _probe_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a handle that only asks the cluster for its metadata."""
+    return librdkafka_config(
+        "KafkaConsumer", {k: v for k, v in config.items() if k in _COMMON or "." in k}
+    )
+
+
+def _cluster_answers(probe_conf: Mapping[str, Any]) -> bool:
+    """Whether a metadata request of a new handle is answered within :data:`PROBE_S`.
+
+    Tells a handle whose call waits because the cluster is away from one that waits although
+    the cluster answers (a librdkafka call that never ends)."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        # Quiet: its lines would repeat the handle's own about the same outage.
+        probe = AdminClient({**probe_conf, "logger": rdkafka_log, "log_level": 0})
+        bounded_call(lambda: probe.list_topics(timeout=PROBE_S), PROBE_S + OVERRUN_S, "probe")
+    except Exception:  # noqa: BLE001 - no answer, whatever the reason
+        return False
+    return True
+
+
 def librdkafka_config(role: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """librdkafka properties for kafka-python-named ``config`` (dotted names pass through).
 
@@ -335,9 +358,7 @@ class ConfluentConsumer:
             config["group_id"] = f"stream-dp-reader-{uuid.uuid4().hex}"
         self._errors = _ErrorLog("consumer")
         #: Where a new handle finds the cluster (:meth:`_cluster_answers`).
-        self._probe_conf = librdkafka_config(
-            "KafkaConsumer", {k: v for k, v in config.items() if k in _COMMON or "." in k}
-        )
+        self._probe_conf = _probe_config(config)
         self._c = _construct(
             Consumer,
             {
@@ -363,6 +384,9 @@ class ConfluentConsumer:
         #: (librdkafka issue #3740: a commit that never ends): its group offsets are better
         #: committed and read by another consumer.
         self.wedged = False
+        #: Whether this handle's metadata requests fail while a new handle's are answered
+        #: (seen after a broker restart): a reader is better replaced.
+        self.stale = False
         #: Called with the offsets of a commit given up on that succeeded after all.
         self.on_late_commit: Callable[[dict], None] | None = None
 
@@ -385,9 +409,22 @@ class ConfluentConsumer:
 
     # -- metadata and offsets ------------------------------------------------------------
     def partitions_for_topic(self, topic: str) -> set[int] | None:
-        md = self._bounded(
-            "reading the topic's partitions", self.metadata_timeout_s, self._c.list_topics, topic
-        )
+        from kafka.errors import KafkaConnectionError
+
+        try:
+            md = self._bounded(
+                "reading the topic's partitions",
+                self.metadata_timeout_s,
+                self._c.list_topics,
+                topic,
+            )
+        except KafkaConnectionError:
+            # After a broker restart a handle can go on failing its metadata requests at once
+            # ("broker transport failure") while the broker answers others.
+            if not self.stale and self._cluster_answers():
+                self.stale = True
+                rdkafka_log.debug("metadata requests fail while the cluster answers: stale")
+            raise
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:
             if t is not None and t.error is not None and t.error.code() not in (3, -188):
@@ -399,11 +436,28 @@ class ConfluentConsumer:
         from kafka import OffsetAndMetadata
 
         timeout = self.request_timeout_s if timeout_ms is None else timeout_ms / 1000
-        (got,) = self._bounded(
-            "reading the committed offset", timeout, self._c.committed, [self._ctp(partition)]
-        )
-        if got.error is not None:
-            raise kafka_error(got.error)
+        deadline = time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            try:
+                (got,) = self._bounded(
+                    "reading the committed offset",
+                    max(deadline - time.monotonic(), 0.05),
+                    self._c.committed,
+                    [self._ctp(partition)],
+                )
+                if got.error is not None:
+                    raise kafka_error(got.error)
+                break
+            except Exception as err:
+                # The group's coordinator moves or loads (a broker that just started creates
+                # its offsets topic): kafka-python asks again until its timeout, and so here.
+                if type(err).__name__ not in _COORDINATOR_MOVING:
+                    raise
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(2 * pause, 1.0)
         if got.offset < 0:
             return None
         return OffsetAndMetadata(got.offset, got.metadata or "", -1) if metadata else got.offset
@@ -499,17 +553,7 @@ class ConfluentConsumer:
             rdkafka_log.debug("%s while the cluster answers: this consumer is wedged", what)
 
     def _cluster_answers(self) -> bool:
-        """Whether a metadata request of a new handle is answered within :data:`PROBE_S`
-        (this one's wait behind its own commit without an answer)."""
-        from confluent_kafka.admin import AdminClient
-
-        try:
-            # Quiet: its lines would repeat the consumer's own about the same outage.
-            probe = AdminClient({**self._probe_conf, "logger": rdkafka_log, "log_level": 0})
-            bounded_call(lambda: probe.list_topics(timeout=PROBE_S), PROBE_S + OVERRUN_S, "probe")
-        except Exception:  # noqa: BLE001 - no answer, whatever the reason
-            return False
-        return True
+        return _cluster_answers(self._probe_conf)
 
     def group_metadata(self) -> Any:
         return self._call(self._c.consumer_group_metadata)
@@ -823,6 +867,13 @@ class ConfluentProducer:
         self._p = _construct(Producer, conf)
         self.transactional_id = conf.get("transactional.id")
         self._topics: set[str] = set()
+        self._probe_conf = _probe_config(config)
+
+    def cluster_answers(self) -> bool:
+        """Whether a new handle's metadata request is answered (:func:`_cluster_answers`): a
+        transactional call of this one still waiting then may never end (librdkafka issue
+        #5456), and the transactional publisher abandons it."""
+        return _cluster_answers(self._probe_conf)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         from confluent_kafka import KafkaException
@@ -1084,6 +1135,11 @@ class ConfluentAdmin:
     def close(self) -> None:
         self._a.poll(0)
 
+
+#: Errors of a group's offsets that say to ask again: its coordinator is moving or loading.
+_COORDINATOR_MOVING = frozenset(
+    {"NotCoordinatorError", "CoordinatorLoadInProgressError", "CoordinatorNotAvailableError"}
+)
 
 #: librdkafka's consumer group states by the names the group coordinator gives them.
 _GROUP_STATES = {

@@ -705,6 +705,20 @@ class KafkaSource:
             threading.Thread(target=old.close, name="stream-dp-kafka-close", daemon=True).start()
         return self._committer
 
+    def _replace_reader(self) -> None:
+        """Read through a new consumer (confluent-kafka: the old one's metadata requests fail
+        while the cluster answers). Its positions are this source's (:meth:`positions`): it
+        resumes each partition at the record after the last one returned, so no record is
+        read again or skipped. The old one is closed in the background."""
+        old, self._consumer = self._consumer, None
+        log.warning(
+            "topic %s: the consumer's metadata requests fail while the cluster answers; "
+            "reading on through a new consumer from the same positions",
+            self.topic,
+        )
+        if old is not None and old is not self._committer:
+            threading.Thread(target=old.close, name="stream-dp-kafka-close", daemon=True).start()
+
     def _late_commit(self, offsets: dict[Any, Any]) -> None:
         """A commit given up on has succeeded after all: commit the newest offsets again if
         it was older, so that the group's record never goes back (a consumer's background
@@ -851,6 +865,8 @@ class KafkaSource:
                 raise
             if self.unreachable_since is None:
                 self.unreachable_since = time.time()
+            if getattr(self._consumer, "stale", False):
+                self._replace_reader()
             # Short sleeps: the caller's loop (status, signals, deadlines) must keep turning.
             cap = max(timeout_ms / 1000, 0.25) * 4
             self._backoff.failed(err, max_sleep=cap if idle_left is None else min(cap, idle_left))

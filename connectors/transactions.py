@@ -42,6 +42,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: An attempt this old is unusual: from then on, whether the cluster answers is asked.
+STALL_CHECK_S = 10.0
+#: How often it is asked.
+STALL_PROBE_EVERY_S = 5.0
+#: How long an attempt may still go on once the cluster answers before it is abandoned.
+STALL_GRACE_S = 10.0
+
 #: Errors (``kafka.errors`` names, on both clients) that mean another producer with our
 #: transactional id took over.
 FENCING_ERRORS = (
@@ -167,11 +174,18 @@ class TransactionalPublisher:
         and an attempt that takes too long is abandoned: its producer is discarded, and the
         next producer's ``init_transactions`` aborts whatever it left open.
         """
+        watch = _StallWatch(self)
+
+        def waiting() -> None:
+            if on_wait is not None:
+                on_wait()
+            watch.check()
+
         return bounded_call(
             fn,
             self.attempt_timeout_s,
             f"no answer within {self.attempt_timeout_s:.0f} s (attempt abandoned)",
-            on_wait=on_wait,
+            on_wait=waiting,
             thread_name="stream-dp-txn",
         )
 
@@ -395,6 +409,43 @@ class _KeyPartitions:
             where = partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]
             self._known[topic, key] = where
             return where
+
+
+class _StallWatch:
+    """Abandons an attempt that goes on although the cluster answers.
+
+    librdkafka can keep a transactional call waiting without end for a coordinator it lost in
+    a broker restart (issue #5456), until the attempt's bound (``attempt_timeout_s``, a
+    minute by default). A producer that can tell (``cluster_answers``: a new handle's
+    metadata request is answered) is asked once an attempt has lasted
+    :data:`STALL_CHECK_S`; once it answers, the attempt has :data:`STALL_GRACE_S` more, then
+    is abandoned like one past its bound (retried with a new producer). While the cluster is
+    away nothing is abandoned early: an outage is waited out by one attempt.
+    """
+
+    def __init__(self, publisher: TransactionalPublisher) -> None:
+        self.publisher = publisher
+        self.began = time.monotonic()
+        self.next_probe = self.began + STALL_CHECK_S
+        self.answered_at: float | None = None
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self.answered_at is not None:
+            if now - self.answered_at >= STALL_GRACE_S:
+                from kafka.errors import KafkaTimeoutError
+
+                raise KafkaTimeoutError(
+                    f"no answer for {now - self.began:.0f} s while the cluster answers for "
+                    f"{now - self.answered_at:.0f} s (attempt abandoned)"
+                )
+            return
+        if now < self.next_probe:
+            return
+        self.next_probe = now + STALL_PROBE_EVERY_S
+        answers = getattr(self.publisher._producer, "cluster_answers", None)
+        if answers is not None and answers():
+            self.answered_at = time.monotonic()
 
 
 def _close_quietly(producer: Any) -> None:

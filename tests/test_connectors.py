@@ -887,6 +887,110 @@ def test_confluent_commit_waits_out_an_outage_on_the_same_consumer(
         src.close()
 
 
+class _RdReader(_RdConsumer):
+    """A librdkafka consumer handle that reads: a ``stale`` one fails every metadata request at
+    once (seen after a broker restart) while the cluster answers others."""
+
+    def __init__(self, stale: bool) -> None:
+        super().__init__(stuck=False)
+        self.stale = stale
+        self.assigned: list[Any] = []
+        self.sought: list[tuple[int, int]] = []
+        self.closed = threading.Event()
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.stale:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        part = types.SimpleNamespace(id=0)
+        return types.SimpleNamespace(
+            topics={"t": types.SimpleNamespace(error=None, partitions={0: part})}
+        )
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.assigned = [(tp.topic, tp.partition) for tp in partitions]
+
+    def seek(self, tp: Any) -> None:
+        self.sought.append((tp.partition, tp.offset))
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        return []
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_confluent_reader_whose_metadata_fails_while_the_cluster_answers_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reading consumer whose metadata requests fail while a new handle is answered is
+    replaced: the new one resumes every partition at the source's own position (no record
+    read again or skipped) and the old one is closed; while the cluster is away nothing is."""
+    pytest.importorskip("confluent_kafka")
+    stale, fresh = _RdReader(stale=True), _RdReader(stale=False)
+    made = _rd_consumers(monkeypatch, stale, fresh, away=True)
+    src = KafkaSource("t", "127.0.0.1:1", "g", retry_backoff_max_s=0.01, client="confluent-kafka")
+    try:
+        src.seek({"t:0": 7})
+        assert src.poll(timeout_s=0.01) == []  # the cluster is away too: an outage
+        assert src.poll(timeout_s=0.01) == []
+        assert made == [stale] and not src._consumer.stale and src.unreachable_since is not None
+
+        monkeypatch.setattr(_RdAdmin, "away", False)  # the cluster answers; this handle not
+        assert src.poll(timeout_s=0.01) == []
+        assert stale.closed.wait(patience(10)) and src._consumer is None
+        assert src.poll(timeout_s=0.01) == []
+        assert made == [stale, fresh] and stale.assigned == []
+        assert fresh.assigned == [("t", 0)] and fresh.sought == [(0, 7)]
+        assert src.positions() == {"t:0": 7}
+    finally:
+        src.close()
+
+
+class _RdMovingCoordinator(_RdConsumer):
+    """A librdkafka consumer handle whose group coordinator is not ready for ``failures``
+    requests (a broker that just started creates its offsets topic)."""
+
+    def __init__(self, failures: int, code: int) -> None:
+        super().__init__(stuck=False)
+        self.failures, self.code = failures, code
+
+    def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.failures:
+            self.failures -= 1
+            raise KafkaException(KafkaError(self.code))
+        partitions[0].offset = 41
+        return partitions
+
+
+@pytest.mark.parametrize("code", [14, 15, 16], ids=["loading", "not-available", "not-coordinator"])
+def test_confluent_committed_asks_again_while_the_coordinator_moves(
+    monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """The group's committed offsets are asked for again while the coordinator loads or
+    moves, as kafka-python does, until the timeout; other errors are raised at once."""
+    pytest.importorskip("confluent_kafka")
+    import kafka.errors as E
+    from kafka import TopicPartition
+
+    from connectors._confluent import ConfluentConsumer
+
+    handles = [_RdMovingCoordinator(3, code), _RdMovingCoordinator(10**6, code)]
+    handles.append(_RdMovingCoordinator(1, 87))  # 87: an error that is not the coordinator's
+    _rd_consumers(monkeypatch, *handles, away=False)
+    tp = TopicPartition("t", 0)
+    quick, stuck, other = (ConfluentConsumer({"group_id": "g"}) for _ in handles)
+    assert quick.committed(tp, timeout_ms=int(patience(10) * 1000)) == 41
+    with pytest.raises(E.for_code(code)):
+        stuck.committed(tp, timeout_ms=300)
+    with pytest.raises(E.for_code(87)):
+        other.committed(tp, timeout_ms=int(patience(10) * 1000))
+    assert handles[2].failures == 0  # asked once
+
+
 def test_kafka_positions_seek_and_parse(kafka_client: str) -> None:
     src = KafkaSource("events", "127.0.0.1:1", "g", client=kafka_client)
     src.seek({"events:0": 10, "events:2": 7, "other:0": 3})
@@ -1169,6 +1273,69 @@ def test_an_abandoned_attempt_that_finishes_late_does_not_break_the_next(
     pub.publish([("releases", b"m", b"v2")])
     assert live[0].committed[-1] == [("releases", b"m", b"v2")]
     pub.close()
+
+
+class _StallingProducer(_FakeTransactionalProducer):
+    """A stand-in confluent-kafka producer: the first one's commit never ends (librdkafka
+    issue #5456) until released; ``cluster_answers`` says whether a new handle is answered."""
+
+    answers = False
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        self.fail_commit_once = False
+
+    def init_transactions(self) -> None:
+        pass
+
+    def commit_transaction(self) -> None:
+        if self.index == 0:
+            self.release_first.wait(patience(30))
+            return
+        super().commit_transaction()
+
+    def cluster_answers(self) -> bool:
+        return self.answers
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["cluster-answers", "cluster-away"])
+def test_an_attempt_stuck_while_the_cluster_answers_is_abandoned_early(
+    monkeypatch: pytest.MonkeyPatch, answers: bool
+) -> None:
+    """A transactional call that goes on although the cluster answers is abandoned soon after
+    the cluster is seen answering, not at the attempt's bound; while the cluster is away, the
+    attempt is left its whole bound (an outage is waited out)."""
+    import threading
+
+    from connectors import transactions
+    from connectors.transactions import TransactionalPublisher
+
+    monkeypatch.setattr(transactions, "STALL_CHECK_S", 0.2)
+    monkeypatch.setattr(transactions, "STALL_PROBE_EVERY_S", 0.1)
+    monkeypatch.setattr(transactions, "STALL_GRACE_S", 0.3)
+    fake = _StallingProducer
+    monkeypatch.setattr(fake, "made", [])
+    monkeypatch.setattr(fake, "answers", answers)
+    monkeypatch.setattr(fake, "release_first", threading.Event())
+    bound = patience(30) if answers else 1.5
+    pub = TransactionalPublisher(
+        "127.0.0.1:1", "stream-dp.test", attempt_timeout_s=bound, retry_backoff_max_s=0.01
+    )
+    monkeypatch.setattr(type(pub.client), "producer", lambda self, **config: fake(**config))
+    errors: list[str] = []
+    began = time.monotonic()
+    try:
+        pub.publish([("releases", b"m", b"v1")], on_retry=lambda err: errors.append(str(err)))
+        took = time.monotonic() - began
+    finally:
+        fake.release_first.set()
+        pub.close()
+    assert len(errors) == 1 and fake.made[0].closed
+    assert fake.made[1].committed == [[("releases", b"m", b"v1")]]
+    if answers:
+        assert "while the cluster answers" in errors[0] and took < bound
+    else:
+        assert "no answer within" in errors[0] and took >= bound
 
 
 def test_a_send_that_failed_is_never_committed(

@@ -75,9 +75,9 @@ def test_broker_restart_mid_run(kafka_broker: KafkaBroker, unique_name, tmp_path
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
     deadline = time.monotonic() + patience(ENGINE_CATCHES_UP)
-    while engine.learner.step < 1500 and time.monotonic() < deadline:
+    while engine.learner.step < 1500 and time.monotonic() < deadline and worker.is_alive():
         time.sleep(0.02)  # polling interval of a bounded wait
-    assert engine.learner.step >= 1500
+    assert engine.learner.step >= 1500, (engine.status(), done)
     kafka_broker.stop()
     step_during = engine.learner.step
     kafka_broker.start()
@@ -89,7 +89,7 @@ def test_broker_restart_mid_run(kafka_broker: KafkaBroker, unique_name, tmp_path
     worker.join(timeout=patience(ENGINE_EXITS))
     assert "error" not in done, repr(done.get("error"))
     assert step_during < n, "the outage must happen mid-run"
-    assert engine.learner.step == n, "nothing may be lost across a broker restart"
+    assert engine.learner.step == n, ("nothing may be lost across a broker restart", done)
     releases = parse_releases(read_all(kafka_broker.bootstrap, names["releases"]))
     check_release_stream(releases, n, epsilon=2.0)
 
