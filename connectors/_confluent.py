@@ -44,6 +44,9 @@ OVERRUN_S = 5.0
 #: The bound on the metadata request that tells an outage from a call that never ends.
 PROBE_S = 2.0
 
+#: How often a reader whose metadata requests fail asks whether the cluster answers others.
+STALE_PROBE_EVERY_S = 10.0
+
 
 # -- settings --------------------------------------------------------------------------------
 
@@ -387,6 +390,7 @@ class ConfluentConsumer:
         #: Whether this handle's metadata requests fail while a new handle's are answered
         #: (seen after a broker restart): a reader is better replaced.
         self.stale = False
+        self._stale_probe_at = 0.0
         #: Called with the offsets of a commit given up on that succeeded after all.
         self.on_late_commit: Callable[[dict], None] | None = None
 
@@ -420,10 +424,14 @@ class ConfluentConsumer:
             )
         except KafkaConnectionError:
             # After a broker restart a handle can go on failing its metadata requests at once
-            # ("broker transport failure") while the broker answers others.
-            if not self.stale and self._cluster_answers():
-                self.stale = True
-                rdkafka_log.debug("metadata requests fail while the cluster answers: stale")
+            # ("broker transport failure") while the broker answers others. Asked at most every
+            # STALE_PROBE_EVERY_S: through an outage each probe waits PROBE_S for nothing.
+            now = time.monotonic()
+            if not self.stale and now >= self._stale_probe_at:
+                self._stale_probe_at = now + STALE_PROBE_EVERY_S
+                if self._cluster_answers():
+                    self.stale = True
+                    rdkafka_log.debug("metadata requests fail while the cluster answers: stale")
             raise
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:

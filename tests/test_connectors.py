@@ -928,6 +928,9 @@ def test_confluent_reader_whose_metadata_fails_while_the_cluster_answers_is_repl
     replaced: the new one resumes every partition at the source's own position (no record
     read again or skipped) and the old one is closed; while the cluster is away nothing is."""
     pytest.importorskip("confluent_kafka")
+    from connectors import _confluent
+
+    monkeypatch.setattr(_confluent, "STALE_PROBE_EVERY_S", 0.0)
     stale, fresh = _RdReader(stale=True), _RdReader(stale=False)
     made = _rd_consumers(monkeypatch, stale, fresh, away=True)
     src = KafkaSource("t", "127.0.0.1:1", "g", retry_backoff_max_s=0.01, client="confluent-kafka")
