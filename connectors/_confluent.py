@@ -582,9 +582,10 @@ class ConfluentConsumer:
             self._c.seek(self._ctp(partition, offset))
             return
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._STATE:
+            if exc.args[0].code() not in (KafkaError._STATE, KafkaError._OUTDATED):
                 raise _raise(exc, self._errors) from None
-        # Assigned a moment ago, its fetcher not started: librdkafka refuses to seek it. Assign
+        # Assigned a moment ago, its fetcher not started (librdkafka refuses to seek it), or
+        # the seek overtaken by the assignment's own start (outdated, seen under load): assign
         # again with the offsets known, which is where a seek would have put them.
         self._reassign()
 

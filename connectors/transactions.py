@@ -84,8 +84,38 @@ class ProducerFenced(RuntimeError):
     """Another producer with the same transactional id started: this one must stop."""
 
 
+def _carried(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it carries: its cause and context, and errors among its args.
+
+    kafka-python reports a transaction that failed earlier in a generic ``KafkaError``:
+    "Cannot perform send because at least one previous transactional or idempotent request
+    has failed with errors." with the error as its second argument, or "... we are in an
+    error state: <error>" with the error only in the message.
+    """
+    found: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo and len(found) < 16:
+        e = todo.pop()
+        if e is None or any(e is f for f in found):
+            continue
+        found.append(e)
+        todo += [e.__cause__, e.__context__]
+        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
+    return found
+
+
 def _fenced_by(exc: BaseException, names: tuple[str, ...]) -> bool:
-    return any(type(e).__name__ in names for e in (exc, exc.__cause__) if e)
+    """Whether ``exc`` is, or carries, an error named in ``names``.
+
+    A generic ``KafkaError`` whose message names one counts: missing a fencing would let this
+    producer register again and fence the instance that fenced it, so that both publish.
+    """
+    for e in _carried(exc):
+        if type(e).__name__ in names:
+            return True
+        if type(e).__name__ == "KafkaError" and any(n in str(e) for n in names):
+            return True
+    return False
 
 
 def _is_fencing(exc: BaseException) -> bool:

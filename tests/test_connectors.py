@@ -994,6 +994,52 @@ def test_confluent_committed_asks_again_while_the_coordinator_moves(
     assert handles[2].failures == 0  # asked once
 
 
+class _RdRefusingSeek(_RdConsumer):
+    """A librdkafka consumer handle that refuses a seek with ``code`` (its partition assigned
+    a moment ago) and records its assignments with their offsets."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(stuck=False)
+        self.code = code
+        self.assigned: list[list[tuple[int, int]]] = []
+
+    def seek(self, tp: Any) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        raise KafkaException(KafkaError(self.code))
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.assigned.append([(tp.partition, tp.offset) for tp in partitions])
+
+    def assignment(self) -> list[Any]:
+        from confluent_kafka import TopicPartition
+
+        return [TopicPartition("t", 0)]
+
+
+@pytest.mark.parametrize("name", ["_STATE", "_OUTDATED"])
+def test_confluent_seek_refused_after_an_assignment_assigns_again_at_the_offset(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A seek librdkafka refuses because the partition was assigned a moment ago (its fetcher
+    not started, or the seek overtaken by the assignment's start) puts the partition where the
+    seek would have: assigned again at that offset. Another error is raised."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError
+    from kafka import TopicPartition
+
+    from connectors._confluent import ConfluentConsumer
+
+    handles = [_RdRefusingSeek(getattr(KafkaError, name)), _RdRefusingSeek(KafkaError._FAIL)]
+    _rd_consumers(monkeypatch, *handles, away=False)
+    refused, failing = (ConfluentConsumer({"group_id": "g"}) for _ in handles)
+    refused.seek(TopicPartition("t", 0), 7)
+    assert handles[0].assigned == [[(0, 7)]]
+    with pytest.raises(Exception, match="Local"):
+        failing.seek(TopicPartition("t", 0), 7)
+    assert handles[1].assigned == []
+
+
 def test_kafka_positions_seek_and_parse(kafka_client: str) -> None:
     src = KafkaSource("events", "127.0.0.1:1", "g", client=kafka_client)
     src.seek({"events:0": 10, "events:2": 7, "other:0": 3})
@@ -1339,6 +1385,57 @@ def test_an_attempt_stuck_while_the_cluster_answers_is_abandoned_early(
         assert "while the cluster answers" in errors[0] and took < bound
     else:
         assert "no answer within" in errors[0] and took >= bound
+
+
+def _wrapped_fencing(form: str) -> BaseException:
+    """A fencing as kafka-python reports it: itself, or wrapped by its transaction manager."""
+    import kafka.errors as E
+
+    fenced = E.ProducerFencedError()
+    if form == "as-is":
+        return fenced
+    if form == "in-args":  # a send after the transaction failed
+        return E.KafkaError(
+            "Cannot perform send because at least one previous transactional or idempotent "
+            "request has failed with errors.",
+            fenced,
+        )
+    return E.KafkaError(  # a transactional call after it failed: only its message names it
+        f"Cannot execute transactional method because we are in an error state: {fenced}"
+    )
+
+
+@pytest.mark.parametrize("form", ["as-is", "in-args", "in-message"])
+@pytest.mark.parametrize("call", ["send", "commit_transaction"])
+def test_a_fencing_wrapped_by_kafka_python_is_final(
+    monkeypatch: pytest.MonkeyPatch, form: str, call: str
+) -> None:
+    """A producer fenced by another instance stops, however kafka-python reports the fencing.
+
+    Taken for an ordinary failure, the attempt was retried with a new producer, whose
+    registration fenced the instance that had fenced this one: both instances then published
+    every step, each with its own noise."""
+    from connectors.transactions import ProducerFenced, TransactionalPublisher
+
+    class Producer(_FakeTransactionalProducer):
+        def init_transactions(self) -> None:
+            pass
+
+        def send(self, topic: str, value: bytes, key: bytes | None, partition=None) -> Any:
+            if call == "send":
+                raise _wrapped_fencing(form)
+            return super().send(topic, value, key, partition)
+
+        def commit_transaction(self) -> None:
+            raise _wrapped_fencing(form)
+
+    monkeypatch.setattr(Producer, "made", [])
+    pub = TransactionalPublisher("127.0.0.1:1", "stream-dp.test", retry_backoff_max_s=0.01)
+    monkeypatch.setattr(type(pub.client), "producer", lambda self, **config: Producer(**config))
+    with pytest.raises(ProducerFenced, match="this one is fenced"):
+        pub.publish([("releases", b"m", b"v")], on_retry=pytest.fail)
+    assert len(Producer.made) == 1, "no new producer registers after a fencing"
+    pub.close()
 
 
 def test_a_send_that_failed_is_never_committed(
