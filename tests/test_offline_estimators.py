@@ -248,7 +248,9 @@ def test_predict_uses_the_callers_labels():
     est = DPGDC(epsilon=50.0, delta=1e-3).fit(X, y)
     assert est.classes_.tolist() == ["no", "yes"]
     assert set(est.predict(X).tolist()) <= {"no", "yes"}
-    assert est.score(X, y) > 0.9  # "yes" (the larger label) ranks above "no"
+    # "yes" (the larger label) ranks above "no": AUC 0.78-1.0 over 300 fits (each draws its
+    # own noise; 1.7 % of them fell below 0.9), and 1 minus that with the labels inverted.
+    assert est.score(X, y) > 0.6
     yb = X[:, 0] > 0
     est = DPGDC(epsilon=50.0, delta=1e-3).fit(X, yb)
     assert est.predict(X).dtype == bool and est.classes_.tolist() == [False, True]
