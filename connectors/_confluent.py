@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from ._retry import bounded_call
+from ._retry import Backoff, bounded_call
 from .transport import Client, GroupDescription, GroupMember
 
 __all__ = ["ConfluentClient", "kafka_error"]
@@ -445,7 +445,9 @@ class ConfluentConsumer:
 
         timeout = self.request_timeout_s if timeout_ms is None else timeout_ms / 1000
         deadline = time.monotonic() + timeout
-        pause = 0.05
+        backoff = Backoff(
+            initial=0.05, maximum=1.0, logger=rdkafka_log, what="reading the committed offset"
+        )
         while True:
             try:
                 (got,) = self._bounded(
@@ -460,12 +462,12 @@ class ConfluentConsumer:
             except Exception as err:
                 # The group's coordinator moves or loads (a broker that just started creates
                 # its offsets topic): kafka-python asks again until its timeout, and so here.
-                if type(err).__name__ not in _COORDINATOR_MOVING:
-                    raise
-                if time.monotonic() + pause >= deadline:
+                pause = backoff.next_delay()  # quietly: a loading coordinator is no outage
+                if type(err).__name__ not in _COORDINATOR_MOVING or (
+                    time.monotonic() + pause >= deadline
+                ):
                     raise
                 time.sleep(pause)
-                pause = min(2 * pause, 1.0)
         if got.offset < 0:
             return None
         return OffsetAndMetadata(got.offset, got.metadata or "", -1) if metadata else got.offset

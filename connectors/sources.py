@@ -476,6 +476,12 @@ _CONSUMER_FIXED = frozenset(
 COMMIT_METADATA_PREFIX = "stream-dp/1 "
 
 
+def _close_in_background(consumer: Any) -> None:
+    """Close a consumer that was replaced, without waiting: its closing may wait as long as a
+    call of it that never ends."""
+    threading.Thread(target=consumer.close, name="stream-dp-kafka-close", daemon=True).start()
+
+
 def _parse_kafka_positions(positions: Mapping[str, Any]) -> dict[tuple[str, int], int]:
     out: dict[tuple[str, int], int] = {}
     for key, offset in positions.items():
@@ -702,7 +708,7 @@ class KafkaSource:
                 self.topic,
             )
         if old is not None:
-            threading.Thread(target=old.close, name="stream-dp-kafka-close", daemon=True).start()
+            _close_in_background(old)
         return self._committer
 
     def _replace_reader(self) -> None:
@@ -717,7 +723,7 @@ class KafkaSource:
             self.topic,
         )
         if old is not None and old is not self._committer:
-            threading.Thread(target=old.close, name="stream-dp-kafka-close", daemon=True).start()
+            _close_in_background(old)
 
     def _late_commit(self, offsets: dict[Any, Any]) -> None:
         """A commit given up on has succeeded after all: commit the newest offsets again if
