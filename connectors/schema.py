@@ -28,7 +28,7 @@ import math
 import numbers
 import struct
 import time
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -485,6 +485,16 @@ def parse_record(
 _FLOAT_INT = 2**1023
 
 
+_FLOAT_TYPE = {float}
+
+
+def _finite_floats(values: Collection[object]) -> bool:
+    """Whether ``values`` are all finite floats, in C loops: JSON decodes ``1.5`` as a float
+    and ``NaN`` or ``Infinity`` as non-finite ones, which make the sum non-finite (as does an
+    overflowing sum of finite ones: :func:`_plain_number` then decides, value by value)."""
+    return set(map(type, values)) == _FLOAT_TYPE and math.isfinite(sum(values))
+
+
 def _plain_number(value: object) -> bool:
     """A JSON number that :class:`InputRecord` takes as it is: a finite float, or an int that
     fits a float (anything else goes through the full validation, which says why not)."""
@@ -548,11 +558,18 @@ def parse_conformed(
             and (kind_y is bool or (kind_y is str and y) or _plain_number(y))
             and (key is None or type(key) is str)
             and data.get("ts") is None
-            and all(_plain_number(v) for v in x.values())
         ):
-            kept = {k: float(v) for k, v in x.items() if k in known}
-            if kept:
-                return kept, y, len(x) - len(kept)
+            values = x.values()
+            if _finite_floats(values):  # the common record: kept as decoded when all known
+                if len(x) == len(feature_names) and all(map(known.__contains__, x)):
+                    return x, y, 0
+                kept = {k: v for k, v in x.items() if k in known}
+                if kept:
+                    return kept, y, len(x) - len(kept)
+            elif all(map(_plain_number, values)):
+                kept = {k: float(v) for k, v in x.items() if k in known}
+                if kept:
+                    return kept, y, len(x) - len(kept)
     record = parse_record(raw, max_bytes=max_bytes)
     x, n_unknown = conform_features(record, feature_names, known)
     return x, record.y, n_unknown

@@ -47,6 +47,14 @@ PLAIN = [
     b'{"x": [1, 2], "y": 1}',
     b'{"x": {"a": 1e308, "b": -1e308}, "y": 0}',
     b'{"x": {"a": 1}, "y": 0.0}',
+    # every declared feature, floats only: the decoded object is kept as it is
+    b'{"x": {"c": 0.5, "a": -1.5, "b": 2.0}, "y": 1}',
+    b'{"x": {"a": 1e308, "b": 1e308, "c": 1.0}, "y": 1}',  # the sum overflows; each is finite
+    b'{"x": {"a": NaN, "b": 1.0, "c": 2.0}, "y": 1}',
+    b'{"x": {"a": Infinity, "b": -Infinity, "c": 2.0}, "y": 1}',
+    b'{"x": {"a": 1, "b": 1.0, "c": 2.0}, "y": 1}',
+    b'{"x": {"a": true, "b": 1.0, "c": 2.0}, "y": 1}',
+    b'{"x": {"a": 1.0, "b": 1.0, "zz": 2.0}, "y": 1}',
     '{"x": {"a": 1}, "y": 1}',
 ]
 

@@ -170,19 +170,21 @@ def epsilon_for_delta(mu: float, delta: float) -> float:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     if math.isinf(mu):
         return math.inf
-    if delta_for_epsilon(mu, 0.0) <= delta:
+    # δ(0) = erf(μ/(2√2)); far above δ the exact test below cannot hold, and is skipped.
+    if not math.erf(mu / (2.0 * _SQRT2)) > 2.0 * delta and delta_for_epsilon(mu, 0.0) <= delta:
         return 0.0
     log_target = math.log(delta)
     lo = 0.0  # ln δ(lo) > ln δ: the curve is above the target there
-    hi = max(1e-300, 0.5 * mu * mu - mu * float(special.ndtri(delta)))
-    while log_delta_for_epsilon(mu, hi) > log_target:  # a guard: the start is above the root
-        lo, hi = hi, hi * 2.0
-    eps = hi
-    for _ in range(200):
+    hi = math.inf  # until a point below the target is seen
+    eps = max(1e-300, 0.5 * mu * mu - mu * float(special.ndtri(delta)))
+    for _ in range(2200):
         value, slope = _log_delta_and_slope(mu, eps)
         g = value - log_target
         if g > 0.0:
             lo = eps
+            if math.isinf(hi):  # a guard: the start is above the root, in exact arithmetic
+                eps *= 2.0
+                continue
         else:
             hi = eps
         if g == 0.0:
