@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,3 +158,36 @@ def test_the_image_copies_only_what_the_build_context_keeps():
         assert excluded in ignore, excluded
     assert '[fast]"' in dockerfile, "the image carries the fast extra"
     assert 'ENTRYPOINT ["stream-dp-entrypoint"]' in dockerfile
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(tool) for tool in ("mvn", "flock")),
+    reason="needs Maven (the broker jars) and flock",
+)
+def test_test_workers_fetching_the_broker_jars_at_once_all_succeed(tmp_path):
+    """On a fresh checkout every test worker's first ``kafka.sh start`` fetches the broker jars
+    into the same ``lib/``; three fetches at once must all succeed and leave one full set (two
+    Mavens copying into one directory, one emptying it first, failed each other about half the
+    time before the fetch took a lock)."""
+    kafka = tmp_path / "kafka"
+    kafka.mkdir()
+    for name in ("kafka.sh", "pom.xml"):
+        shutil.copy(DEPLOY / "kafka" / name, kafka / name)
+    runs = [
+        subprocess.Popen(
+            ["bash", str(kafka / "kafka.sh"), "fetch"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outcomes = [(run.wait(timeout=600), run.stderr.read()) for run in runs]
+    for run in runs:
+        run.stdout.close()
+        run.stderr.close()
+    assert [rc for rc, _ in outcomes] == [0, 0, 0], outcomes
+    fetched = sum("fetching Kafka" in err for _, err in outcomes)
+    assert fetched == 1, outcomes  # one fetched, the others found lib/ populated
+    jars = sorted(p.name for p in (kafka / "lib").glob("*.jar"))
+    assert any(j.startswith("kafka_2.13-") for j in jars), jars

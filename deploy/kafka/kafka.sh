@@ -81,6 +81,25 @@ cmd_fetch() {
         note "lib/ already holds Kafka $(pom_kafka_version); nothing to fetch"
         return 0
     fi
+    # The test workers each start a broker: on a fresh checkout they all reach this point at
+    # once, and two Mavens copying into lib/ (one emptying it first) fail each other. One
+    # fetches; the others wait for it and find lib/ populated. Without flock (macOS), as before.
+    if command -v flock >/dev/null 2>&1; then
+        mkdir -p "$LIB_DIR"
+        (
+            flock 9
+            fetch_unlocked
+        ) 9>"$LIB_DIR/.fetch.lock"
+    else
+        fetch_unlocked
+    fi
+}
+
+fetch_unlocked() {
+    if lib_populated; then
+        note "lib/ was populated meanwhile (Kafka $(pom_kafka_version)); nothing to fetch"
+        return 0
+    fi
     command -v "$MVN" >/dev/null 2>&1 || die "maven ('$MVN') not found; install Maven 3.8+ or set MVN"
     # A stale lib/ from another Kafka version would put two broker versions on the classpath.
     if [[ -d "$LIB_DIR" ]]; then
