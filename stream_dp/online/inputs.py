@@ -123,8 +123,10 @@ class RecordInput:
             xv = schema.to_clipped(x, self.radius, learning=True)
             if self.task != "auc":
                 yv = self.labels.encode(y, register=False)
-            elif y is True or y is False:  # auc_label's first case, without the call
+            elif y is True or y is False:  # auc_label's first cases, without the call
                 yv = 1.0 if y else -1.0
+            elif type(y) is int and -1 <= y <= 1:  # 1 → +1; 0 and -1 → -1 (JSON's labels)
+                yv = 1.0 if y == 1 else -1.0
             else:
                 yv = auc_label(y)
         except RecordError:
