@@ -83,7 +83,10 @@ def produce(bootstrap: str, topic: str, n: int, dim: int, keyed: bool = False) -
     rng = np.random.default_rng(0)
     with KafkaSink(topic, bootstrap) as sink:
         for i in range(n):
-            x = rng.normal(size=dim).round(6)
+            # ‖x‖ ≈ 1, the learners' default radius R, as features scaled for the model are
+            # (README, "Scaling inside river pipelines"); unscaled, every record was clipped,
+            # with a warning.
+            x = (rng.normal(size=dim) / np.sqrt(dim)).round(6)
             rec = {"x": {f"f{j}": float(v) for j, v in enumerate(x)}, "y": int(x[0] > 0)}
             sink.send(f"record-{i}" if keyed else None, json.dumps(rec).encode())
         sink.flush()
