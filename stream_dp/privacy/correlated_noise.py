@@ -26,9 +26,9 @@ BLT recurrence (``d_m = Σ_j β_j λ_j^{m−1}``): with ``R_{j,t} = λ_j R_{j,t�
 from __future__ import annotations
 
 import numpy as np
-from scipy import signal
 
 from stream_dp import _jit
+from stream_dp._signal import lfilter
 from stream_dp.privacy.blt import BLT
 from stream_dp.privacy.factorizations import (
     BinaryTree,
@@ -78,7 +78,7 @@ def _blt_rows_numpy(Z, R, lam, beta):
     new_R = np.empty_like(R)
     for j in range(len(lam)):
         # y_t = Z_t + λ·y_{t−1}, started from y_{first−1} = R_j (lfilter's state is λ·R_j).
-        out, _ = signal.lfilter([1.0], [1.0, -lam[j]], Z, axis=0, zi=(lam[j] * R[j])[None, :])
+        out, _ = lfilter([1.0], [1.0, -lam[j]], Z, axis=0, zi=(lam[j] * R[j])[None, :])
         rows[0] += beta[j] * R[j]
         rows[1:] += beta[j] * out[:-1]
         new_R[j] = out[-1]

@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import signal
+
+from stream_dp._signal import fftconvolve
 
 __all__ = [
     "Factorization",
@@ -165,7 +166,7 @@ class ToeplitzFactorization(Factorization):
         c = self.coefficients(n)
         if np.any(c < 0):  # pragma: no cover - every strategy here has c >= 0
             return super().sensitivity(u, n)
-        cu = signal.fftconvolve(c, u)[:n] if len(u) > 1 else c * u[0]
+        cu = fftconvolve(c, u)[:n] if len(u) > 1 else c * u[0]
         # FFT rounding is ~1e-16 relative to the largest entry: round up by far more than that.
         return float(math.sqrt(math.fsum(cu * cu))) * (1.0 + 1e-9)
 

@@ -44,9 +44,9 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy import signal
 
 from stream_dp._jit import jitable
+from stream_dp._signal import fftconvolve
 from stream_dp.privacy.blt import BLT, _geom
 from stream_dp.privacy.factorizations import (
     Factorization,
@@ -185,7 +185,7 @@ def placement_sensitivity(factorization: Factorization, pattern, steps, horizon:
             m = min(len(u), n - t + 1)
             U[t - 1 : t - 1 + m] += u[:m]
     if isinstance(factorization, ToeplitzFactorization):
-        v = signal.fftconvolve(factorization.coefficients(n), U)[:n]
+        v = fftconvolve(factorization.coefficients(n), U)[:n]
     else:
         v = factorization.strategy_matrix(n) @ U
     return float(math.sqrt(math.fsum(v * v)))
