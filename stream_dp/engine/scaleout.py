@@ -485,8 +485,11 @@ class ScaleOut:
 
         from connectors._retry import is_retriable
 
+        # Holding no partition, a poll waits for the group's assignment, which confluent-kafka
+        # serves inside it without ending it: a short poll takes the partitions up sooner.
+        timeout_ms = 500 if self.engines else 50
         try:
-            polled = self._consumer.poll(timeout_ms=500, max_records=want)
+            polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=want)
         except OffsetOutOfRangeError as err:
             self._skip_out_of_range(err.args[0] if err.args else {})
             return {}
