@@ -96,16 +96,7 @@ def log_delta_for_epsilon(mu: float, epsilon: float) -> float:
         return -math.inf
     if math.isinf(mu):
         return 0.0
-    a = mu / 2.0 - epsilon / mu
-    b = -mu / 2.0 - epsilon / mu
-    tail = special.erfcx(-b / _SQRT2)  # in (0, 1]: −b > 0
-    if a <= 0.0:
-        diff = float(special.erfcx(-a / _SQRT2) - tail)
-        if diff <= 0.0:  # the curve below the smallest positive double
-            return -math.inf
-        return -0.5 * a * a + math.log(0.5 * diff)
-    d = float(special.ndtr(a) - 0.5 * tail * math.exp(-0.5 * a * a))
-    return math.log(d) if d > 0.0 else -math.inf
+    return _log_delta_and_slope(mu, epsilon)[0]
 
 
 def delta_for_epsilon(mu: float, epsilon: float) -> float:
@@ -125,17 +116,18 @@ def delta_for_epsilon(mu: float, epsilon: float) -> float:
 
 
 def _log_delta_and_slope(mu: float, epsilon: float) -> tuple[float, float]:
-    """``ln δ(ε)`` and its derivative in ε, from the same two ``erfcx`` values (``0 < μ < ∞``).
+    """``ln δ(ε)`` as :func:`log_delta_for_epsilon` derives it, and its derivative in ε, from the
+    same two ``erfcx`` values (``0 < μ < ∞``, ``0 ≤ ε < ∞``).
 
     ``δ'(ε) = −e^ε Φ(b)`` (differentiate the curve: the two Gaussian densities cancel), which is
-    ``−½·erfcx(−b/√2)·e^{−a²/2}``, the term :func:`log_delta_for_epsilon` already computes.
+    ``−½·erfcx(−b/√2)·e^{−a²/2}``, a term of δ itself.
     """
     a = mu / 2.0 - epsilon / mu
     b = -mu / 2.0 - epsilon / mu
-    tail = float(special.erfcx(-b / _SQRT2))
+    tail = float(special.erfcx(-b / _SQRT2))  # in (0, 1]: −b > 0
     if a <= 0.0:
         diff = float(special.erfcx(-a / _SQRT2)) - tail
-        if diff <= 0.0:
+        if diff <= 0.0:  # the curve below the smallest positive double
             return -math.inf, -math.inf
         return -0.5 * a * a + math.log(0.5 * diff), -tail / diff
     part = 0.5 * tail * math.exp(-0.5 * a * a)
