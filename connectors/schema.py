@@ -560,13 +560,11 @@ def parse_conformed(
             and data.get("ts") is None
         ):
             values = x.values()
-            if _finite_floats(values):  # the common record: kept as decoded when all known
-                if len(x) == len(feature_names) and all(map(known.__contains__, x)):
+            floats = _finite_floats(values)
+            if floats or all(map(_plain_number, values)):
+                # The common record, finite floats with every key declared, kept as decoded.
+                if floats and len(x) == len(feature_names) and all(map(known.__contains__, x)):
                     return x, y, 0
-                kept = {k: v for k, v in x.items() if k in known}
-                if kept:
-                    return kept, y, len(x) - len(kept)
-            elif all(map(_plain_number, values)):
                 kept = {k: float(v) for k, v in x.items() if k in known}
                 if kept:
                     return kept, y, len(x) - len(kept)
