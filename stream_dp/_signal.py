@@ -1,9 +1,9 @@
 """The two functions of ``scipy.signal`` the library calls, imported at their first call.
 
-Importing ``scipy.signal`` takes ~0.3 s (it imports ``scipy.stats`` too), a third of what an
-engine process spends importing before it starts; the correlated-noise and unit-level code that
-calls these is imported by every learner module, while only OnPairMF and unit-level learners
-run it. Each wrapper is the SciPy function itself once imported.
+Importing ``scipy.signal`` took ~0.44 s (it imports ``scipy.stats`` too), two fifths of what an
+engine process spent importing before it starts (docs/performance.md). The correlated-noise and
+unit-level code that calls these is imported by every learner module, while only OnPairMF and
+unit-level learners run it. Each wrapper is the SciPy function itself once imported.
 
 Examples
 --------
