@@ -1,17 +1,19 @@
-"""The kafka-python client (private): its consumer and producer are the interface itself."""
+"""The kafka-python client (private): its producer is the interface itself, its consumer nearly."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from functools import cache
 from typing import Any
 
 from .transport import Client, GroupDescription, GroupMember
 
-__all__ = ["KafkaPythonAdmin", "KafkaPythonClient"]
+__all__ = ["KafkaPythonAdmin", "KafkaPythonClient", "rejoin_if_join_lost"]
 
 
 class KafkaPythonClient(Client):
-    """kafka-python (pure Python): ``KafkaConsumer`` and ``KafkaProducer`` as they are."""
+    """kafka-python (pure Python): ``KafkaProducer`` as it is, ``KafkaConsumer`` with its polls
+    mending a dropped group join (:func:`rejoin_if_join_lost`)."""
 
     name = "kafka-python"
     # Its default partitioner hashes every keyed send in pure Python (murmur2).
@@ -23,9 +25,7 @@ class KafkaPythonClient(Client):
         return (KafkaConsumer if role == "KafkaConsumer" else KafkaProducer).DEFAULT_CONFIG
 
     def consumer(self, **config: Any) -> Any:
-        from kafka import KafkaConsumer
-
-        return KafkaConsumer(**config)
+        return _consumer_class()(**config)
 
     def producer(self, **config: Any) -> Any:
         from kafka import KafkaProducer
@@ -36,6 +36,51 @@ class KafkaPythonClient(Client):
         from kafka import KafkaAdminClient
 
         return KafkaPythonAdmin(KafkaAdminClient(**config))
+
+
+def rejoin_if_join_lost(coordinator: Any) -> bool:
+    """Ask ``coordinator`` to rejoin its group if the result of its last join was dropped.
+
+    kafka-python 3.0 runs a group join as a task that outlives a poll's timeout: the next poll
+    awaits the same task and applies its assignment. When the group's leader rejoins because its
+    topic metadata changed (its first assignment is made before the topic's metadata arrives, so
+    nearly every start does), that join also records the new metadata as assigned. Finished between
+    polls, it leaves ``need_rejoin()`` false and the member rebalancing with its heartbeat off:
+    no poll awaits the task, the assignment is never applied and the consumer reads nothing, for
+    good. Measured against the project's broker (one member, 2 partitions, 50 ms polls, 30 ms of
+    work between them): 7 of 8 joins never completed. A rejoin requested here costs one more
+    JoinGroup round trip.
+
+    Returns whether a rejoin was requested. Attributes this version does not have mean there is
+    nothing to mend.
+    """
+    task = getattr(coordinator, "_join_task", None)
+    if task is None or not getattr(task, "is_done", False):
+        return False
+    try:
+        lost = coordinator.rebalance_in_progress() and not coordinator.need_rejoin()
+    except AttributeError:
+        return False
+    if lost:
+        coordinator.request_rejoin()
+    return lost
+
+
+@cache
+def _consumer_class() -> type:
+    from kafka import KafkaConsumer
+
+    class Consumer(KafkaConsumer):
+        """``KafkaConsumer`` whose polls first mend a dropped group join
+        (:func:`rejoin_if_join_lost`)."""
+
+        def poll(self, timeout_ms: int = 0, max_records: int | None = None, **kw: Any) -> Any:
+            coordinator = getattr(self, "_coordinator", None)
+            if coordinator is not None:
+                rejoin_if_join_lost(coordinator)
+            return super().poll(timeout_ms=timeout_ms, max_records=max_records, **kw)
+
+    return Consumer
 
 
 class KafkaPythonAdmin:

@@ -1646,3 +1646,37 @@ def test_a_tail_read_out_of_time_is_an_error_never_a_shorter_answer() -> None:
         client.consumer = lambda _first=first, **_: Stalled(list(_first))  # type: ignore
         with pytest.raises(KafkaError):
             latest_with_key("x:1", "t", b"m", timeout_s=0.2, client=client, committed=False)
+
+
+def test_a_dropped_group_join_is_rejoined_and_nothing_else_is() -> None:
+    """kafka-python 3.0's coordinator, its join task done while rebalancing and no rejoin
+    wanted, is a join nobody will apply: a rejoin is requested then, and in no other state."""
+    from connectors._kafka_python import rejoin_if_join_lost
+
+    class Coordinator:
+        def __init__(self, task_done: bool | None, rebalancing: bool, wanted: bool) -> None:
+            self._join_task = (
+                None if task_done is None else types.SimpleNamespace(is_done=task_done)
+            )
+            self.rebalancing, self.wanted, self.requested = rebalancing, wanted, False
+
+        def rebalance_in_progress(self) -> bool:
+            return self.rebalancing
+
+        def need_rejoin(self) -> bool:
+            return self.wanted
+
+        def request_rejoin(self) -> None:
+            self.requested = True
+
+    for task_done in (None, False, True):
+        for rebalancing in (False, True):
+            for wanted in (False, True):
+                c = Coordinator(task_done, rebalancing, wanted)
+                lost = task_done is True and rebalancing and not wanted
+                assert rejoin_if_join_lost(c) is lost and c.requested is lost
+    assert rejoin_if_join_lost(types.SimpleNamespace()) is False  # another version: left alone
+    assert (
+        rejoin_if_join_lost(types.SimpleNamespace(_join_task=types.SimpleNamespace(is_done=True)))
+        is False
+    )
