@@ -615,6 +615,11 @@ class ConfluentConsumer:
     def resume(self, *partitions: Any) -> None:
         self._paused.difference_update(partitions)
         self._call(self._c.resume, [self._ctp(tp) for tp in partitions])
+        # librdkafka's fetcher, with nothing to fetch, sees which partitions became fetchable
+        # only when it next wakes, up to 1 s later; an assignment wakes it. Assigned again at
+        # their positions, 4 partitions just taken up gave their first records 16 ms after the
+        # resume instead of 1.0 s. (Scale-out resumes a partition once, as it takes it up.)
+        self._reassign()
 
     # -- group membership ----------------------------------------------------------------
     def subscribe(self, topics: list[str], listener: Any = None) -> None:

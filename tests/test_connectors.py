@@ -1040,6 +1040,34 @@ def test_confluent_seek_refused_after_an_assignment_assigns_again_at_the_offset(
     assert handles[1].assigned == []
 
 
+def test_confluent_resume_assigns_again_so_that_the_fetcher_wakes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Resumed partitions are assigned again at their positions, unpaused: librdkafka's idle
+    fetcher notices a resumed partition only when it next wakes (up to 1 s later), an
+    assignment at once (docs/performance.md, scale-out start-up)."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError
+    from kafka import TopicPartition
+
+    from connectors._confluent import ConfluentConsumer
+
+    handle = _RdRefusingSeek(KafkaError._STATE)
+    calls: list[tuple[str, list]] = []
+    handle.pause = lambda tps: calls.append(("pause", [tp.partition for tp in tps]))
+    handle.resume = lambda tps: calls.append(("resume", [tp.partition for tp in tps]))
+    _rd_consumers(monkeypatch, handle, away=False)
+    consumer = ConfluentConsumer({"group_id": "g"})
+    tp = TopicPartition("t", 0)
+    consumer.pause(tp)
+    consumer.seek(tp, 7)  # refused: assigned again at 7, and paused again
+    assert handle.assigned == [[(0, 7)]] and calls == [("pause", [0]), ("pause", [0])]
+    consumer.resume(tp)
+    assert calls[-1] == ("resume", [0])
+    assert handle.assigned == [[(0, 7)], [(0, 7)]], "assigned again after the resume, at 7"
+    assert len(calls) == 3, "and not paused again"
+
+
 def test_kafka_positions_seek_and_parse(kafka_client: str) -> None:
     src = KafkaSource("events", "127.0.0.1:1", "g", client=kafka_client)
     src.seek({"events:0": 10, "events:2": 7, "other:0": 3})
