@@ -1040,32 +1040,38 @@ def test_confluent_seek_refused_after_an_assignment_assigns_again_at_the_offset(
     assert handles[1].assigned == []
 
 
-def test_confluent_resume_assigns_again_so_that_the_fetcher_wakes(
+def test_confluent_resume_asks_for_metadata_so_that_the_fetcher_wakes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Resumed partitions are assigned again at their positions, unpaused: librdkafka's idle
-    fetcher notices a resumed partition only when it next wakes (up to 1 s later), an
-    assignment at once (docs/performance.md, scale-out start-up)."""
+    """Resuming asks for the topic's metadata: librdkafka's idle fetcher notices a resumed
+    partition only when it next wakes (up to 1 s later), and a metadata response wakes it. The
+    partitions are not assigned again (an assignment during a rebalance is not the adapter's
+    to make), and a failed request is no error."""
     pytest.importorskip("confluent_kafka")
-    from confluent_kafka import KafkaError
+    from confluent_kafka import KafkaError, KafkaException
     from kafka import TopicPartition
 
     from connectors._confluent import ConfluentConsumer
 
     handle = _RdRefusingSeek(KafkaError._STATE)
-    calls: list[tuple[str, list]] = []
-    handle.pause = lambda tps: calls.append(("pause", [tp.partition for tp in tps]))
-    handle.resume = lambda tps: calls.append(("resume", [tp.partition for tp in tps]))
+    asked: list[tuple[str, float]] = []
+    handle.pause = lambda tps: None
+    handle.resume = lambda tps: asked.append(("resume", 0.0))
+    handle.list_topics = lambda topic, timeout: asked.append((topic, timeout))
     _rd_consumers(monkeypatch, handle, away=False)
     consumer = ConfluentConsumer({"group_id": "g"})
     tp = TopicPartition("t", 0)
     consumer.pause(tp)
-    consumer.seek(tp, 7)  # refused: assigned again at 7, and paused again
-    assert handle.assigned == [[(0, 7)]] and calls == [("pause", [0]), ("pause", [0])]
+    consumer.seek(tp, 7)  # refused: assigned again at 7
     consumer.resume(tp)
-    assert calls[-1] == ("resume", [0])
-    assert handle.assigned == [[(0, 7)], [(0, 7)]], "assigned again after the resume, at 7"
-    assert len(calls) == 3, "and not paused again"
+    assert asked[0] == ("resume", 0.0) and asked[1][0] == "t" and 0 < asked[1][1] <= 5
+    assert handle.assigned == [[(0, 7)]], "not assigned again by the resume"
+
+    def fails(topic: str, timeout: float) -> None:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    handle.list_topics = fails
+    consumer.resume(tp)  # no error: the fetcher wakes by itself
 
 
 def test_kafka_positions_seek_and_parse(kafka_client: str) -> None:
