@@ -671,3 +671,14 @@ def test_the_struct_is_rebuilt_when_any_source_is_replaced(make, arrays) -> None
         assert rebuilt is not struct, f"the mechanism's {name} is not checked"
         assert fast._state() is rebuilt
         struct = rebuilt
+
+
+def test_the_cached_struct_constructor_takes_the_fields_in_order() -> None:
+    """``_new_state`` (numba's struct constructor, compiled once and cached) takes
+    :data:`FIELDS` in their order: a field added to one and not the other would shift every
+    field after it."""
+    import inspect
+
+    from stream_dp.online.fast import FIELDS, _new_state
+
+    assert tuple(inspect.signature(_new_state).parameters) == FIELDS

@@ -193,6 +193,24 @@ def _step(S, t0, j, x, y):  # pragma: no cover - compiled
     hook_admit(M, slots, olds, S.bids, n_after)
 
 
+def _new_state(
+    task, d, w, center, alpha, radius, eta_alpha, cap, knee, fixed, eta, divisor,
+    kind, BX, BY, bids, ring, off, slots, nb,
+    publishes, project, win, wn, rs, lam, V, smoothed,
+    mech,
+    track, pen, penok, g, lam_it, V_it,
+):  # fmt: skip  # pragma: no cover - compiled
+    # FastState(...) from Python compiles numba's generic constructor afresh in every process
+    # (0.7 s at a learner's first compiled step); compiled here, it is cached like the steps.
+    return FastState(
+        task, d, w, center, alpha, radius, eta_alpha, cap, knee, fixed, eta, divisor,
+        kind, BX, BY, bids, ring, off, slots, nb,
+        publishes, project, win, wn, rs, lam, V, smoothed,
+        mech,
+        track, pen, penok, g, lam_it, V_it,
+    )  # fmt: skip
+
+
 def _run_one(S, t0, x, y):  # pragma: no cover - compiled
     hook_begin(S.mech)
     _step(S, t0, 0, x, y)
@@ -225,6 +243,7 @@ if NUMBA_INSTALLED:
     _structref.define_proxy(FastState, _FastStateType, list(FIELDS))
     _RUNS = (njit(_run_one), njit(_run_many))
     _UNCACHED_RUNS: list = []
+    _NEW_STATE = njit(_new_state)
 
 
 def _model_kind(loss: Regularized) -> int:
@@ -351,7 +370,9 @@ class FastPath:
             pen=self.pen, penok=self.penok, g=np.zeros(s.w.size), lam_it=np.zeros(d),
             V_it=np.zeros((d, d)),
         )  # fmt: skip
-        self._struct = FastState(*(values[f] for f in FIELDS))
+        # Cached with the runs, for the same structs (a foreign mechanism's: not cached).
+        new = _NEW_STATE if self._cached else FastState
+        self._struct = new(*(values[f] for f in FIELDS))
         return self._struct
 
     def available(self, t0: int, m: int) -> int:
