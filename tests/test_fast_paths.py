@@ -673,12 +673,29 @@ def test_the_struct_is_rebuilt_when_any_source_is_replaced(make, arrays) -> None
         struct = rebuilt
 
 
-def test_the_cached_struct_constructor_takes_the_fields_in_order() -> None:
-    """``_new_state`` (numba's struct constructor, compiled once and cached) takes
-    :data:`FIELDS` in their order: a field added to one and not the other would shift every
-    field after it."""
-    import inspect
+def test_the_struct_is_built_by_the_cached_constructor() -> None:
+    """A learner's struct is built by ``_new_state`` (compiled once into numba's on-disk cache),
+    not by numba's generic constructor, which every process would compile afresh (0.7 s at the
+    first compiled step; docs/performance.md), and holds the learner's own arrays."""
+    if not _jit.NUMBA_INSTALLED:
+        pytest.skip("numba is not installed")
+    from stream_dp.online import fast as fast_module
 
-    from stream_dp.online.fast import FIELDS, _new_state
-
-    assert tuple(inspect.signature(_new_state).parameters) == FIELDS
+    X, y = _stream(0, "auc", n=40)
+    m = OnPairStrC(task="auc", horizon=None, warmup=10, features=[f"x{i}" for i in range(D)])
+    with _jit.use_numba(True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # most records are clipped
+        for row, label in zip(X, _labels(y), strict=True):
+            m.learn_one(_dict(row), label)
+        assert m._fast is not None and m._fast._cached
+    built = []
+    real = fast_module._NEW_STATE
+    fast_module._NEW_STATE = lambda *fields: built.append(fields) or real(*fields)
+    try:
+        m._fast._struct = None  # as if an array were replaced
+        with _jit.use_numba(True):
+            struct = m._fast._state()
+    finally:
+        fast_module._NEW_STATE = real
+    assert len(built) == 1 and type(struct) is fast_module.FastState
+    assert built[0][fast_module.FIELDS.index("w")] is m._state.w

@@ -193,22 +193,10 @@ def _step(S, t0, j, x, y):  # pragma: no cover - compiled
     hook_admit(M, slots, olds, S.bids, n_after)
 
 
-def _new_state(
-    task, d, w, center, alpha, radius, eta_alpha, cap, knee, fixed, eta, divisor,
-    kind, BX, BY, bids, ring, off, slots, nb,
-    publishes, project, win, wn, rs, lam, V, smoothed,
-    mech,
-    track, pen, penok, g, lam_it, V_it,
-):  # fmt: skip  # pragma: no cover - compiled
+def _new_state(*fields):  # pragma: no cover - compiled
     # FastState(...) from Python compiles numba's generic constructor afresh in every process
     # (0.7 s at a learner's first compiled step); compiled here, it is cached like the steps.
-    return FastState(
-        task, d, w, center, alpha, radius, eta_alpha, cap, knee, fixed, eta, divisor,
-        kind, BX, BY, bids, ring, off, slots, nb,
-        publishes, project, win, wn, rs, lam, V, smoothed,
-        mech,
-        track, pen, penok, g, lam_it, V_it,
-    )  # fmt: skip
+    return FastState(*fields)
 
 
 def _run_one(S, t0, x, y):  # pragma: no cover - compiled
