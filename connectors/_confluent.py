@@ -623,11 +623,13 @@ class ConfluentConsumer:
         # it; an assignment made while the group rebalances may stand in for the listener's).
         if not partitions:
             return
-        from confluent_kafka import KafkaException
+        from kafka.errors import KafkaError
 
         try:
-            self._c.list_topics(partitions[0].topic, timeout=1.0)
-        except (KafkaException, RuntimeError):
+            # Bounded as every metadata request of this handle: one queued behind a commit
+            # without an answer overruns librdkafka's own timeout.
+            self._bounded("waking the fetcher", 1.0, self._c.list_topics, partitions[0].topic)
+        except KafkaError:
             pass  # only a wake-up: the fetcher wakes by itself within a second
 
     # -- group membership ----------------------------------------------------------------
