@@ -59,6 +59,21 @@ def committed_offsets(bootstrap: str, group: str) -> dict[str, int]:
     return {f"{tp.topic}:{tp.partition}": meta.offset for tp, meta in offsets.items()}
 
 
+def settled_offsets(bootstrap: str, group: str, expected: dict[str, int]) -> dict[str, int]:
+    """The group's committed offsets once they equal ``expected``, or as they are at a deadline.
+
+    Offsets committed in a transaction become visible to an offset fetch only once the
+    coordinator has written the commit marker to ``__consumer_offsets``, which it does after
+    answering EndTxn; until then the admin client, which asks without KIP-447's
+    ``require_stable``, sees the offsets from before the transaction."""
+    deadline = time.monotonic() + patience(10.0)
+    while True:
+        offsets = committed_offsets(bootstrap, group)
+        if offsets == expected or time.monotonic() > deadline:
+            return offsets
+        time.sleep(0.1)  # polling interval of a bounded wait
+
+
 def committed_values(bootstrap: str, topic: str) -> list[bytes]:
     """What a ``read_committed`` reader sees on ``topic`` (partition order), read to its end."""
     reader = KafkaConsumer(
@@ -370,7 +385,8 @@ def test_broker_outage_mid_consumption_loses_nothing(
     assert not errors, errors
     assert retries, "the batch published during the outage was retried"
     assert committed_values(bootstrap, out) == [b"before"] + [b"during-%d" % i for i in range(20)]
-    assert committed_offsets(bootstrap, txn_group) == {f"{topic}:0": 10}
+    settled = {f"{topic}:0": 10}
+    assert settled_offsets(bootstrap, txn_group, settled) == settled
     publisher.close()
     txn_source.close()
     assert [m.position["offset"] for m in got] == list(range(100))
@@ -427,7 +443,8 @@ def test_transaction_commits_offsets_with_group_metadata(
         assert offsets.group_metadata is not None
         first.start()
         first.publish([(out, b"m", m.value) for m in got], offsets, group)
-        assert committed_offsets(bootstrap, group) == {f"{topic}:0": 20}
+        expected = {f"{topic}:0": 20}
+        assert settled_offsets(bootstrap, group, expected) == expected
         assert src.committed() == {f"{topic}:0": (20, "run-1 1")}
     assert committed_values(bootstrap, out) == [record(i) for i in range(20)]
 
