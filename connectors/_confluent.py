@@ -1011,7 +1011,29 @@ class ConfluentProducer:
         # was abandoned): until it ends, its handle could still register with the broker
         # after this one, and fence it.
         _IN_FLIGHT.wait_idle(self.transactional_id, self.txn_timeout_s)
+        self._connect()
         self._txn_call("init_transactions", self.txn_timeout_s, registers=True)
+
+    def _connect(self) -> None:
+        """Have a broker connection up before the producer asks for its producer id.
+
+        librdkafka's transactional producer that finds no broker connection up when it first
+        looks for its transaction coordinator looks again only 500 ms later: on the project's
+        broker 6 of 48 fresh producers took 0.51 s in ``init_transactions`` instead of 0.056 s,
+        and an engine on confluent-kafka learned its first record 0.73 s after its start
+        instead of 0.29 s. A metadata request waits for a connection: with one first, 0 of 48
+        were slow. It touches no transactional state, and a failure is ignored (without a
+        broker, ``init_transactions`` waits and reports as it always did); bounded at 1 s.
+        """
+        from confluent_kafka import KafkaException
+
+        handle = self._p
+        if handle is None:
+            return
+        try:
+            handle.list_topics(timeout=min(1.0, self.txn_timeout_s))
+        except KafkaException:
+            pass
 
     def begin_transaction(self) -> None:
         self._txn_call("begin_transaction")

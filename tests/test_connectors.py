@@ -703,10 +703,19 @@ class _StuckHandle:
 
     init_transactions = send_offsets_to_transaction = _block
 
+    def list_topics(self, timeout: float) -> None:
+        pass
+
 
 class _ReadyHandle:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def list_topics(self, timeout: float) -> None:
+        self.calls.append("list_topics")
+
     def init_transactions(self, *args: Any) -> None:
-        pass
+        self.calls.append("init_transactions")
 
 
 def test_confluent_producer_waits_only_for_a_discarded_ones_init() -> None:
@@ -752,6 +761,32 @@ def test_confluent_producer_waits_only_for_a_discarded_ones_init() -> None:
             stuck.release.set()
             worker.join(patience(10))
         new.init_transactions()  # nothing in flight any more
+
+
+def test_confluent_producer_connects_before_it_asks_for_its_producer_id() -> None:
+    """``init_transactions`` first asks for metadata, which waits for a broker connection:
+    librdkafka's transactional producer that finds none up looks for its coordinator again only
+    500 ms later. A failed request is no error: ``init_transactions`` still runs."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError, KafkaException
+
+    from connectors._confluent import ConfluentProducer
+
+    p = ConfluentProducer(
+        {"bootstrap_servers": f"127.0.0.1:{unused_port()}", "transactional_id": "connect-txn"}
+    )
+    ready = _ReadyHandle()
+    p._p = ready
+    p.init_transactions()
+    assert ready.calls == ["list_topics", "init_transactions"]
+
+    def fails(timeout: float) -> None:
+        ready.calls.append("list_topics failed")
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    ready.list_topics = fails
+    p.init_transactions()
+    assert ready.calls[2:] == ["list_topics failed", "init_transactions"]
 
 
 class _RdConsumer:
