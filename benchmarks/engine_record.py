@@ -1,0 +1,127 @@
+"""Microseconds per record of the engine's own per-record work, without Kafka.
+
+``stream_dp.engine.learning.Learning.handle`` is what the engine does with each message on
+either Kafka client: parse and validate the record, one private OnPairStrC step (d = 8,
+FIFO(64) by default), and with one release per record the release's fields (its ledger, the
+exact ε of the spend) and its JSON message. The client's own cost per record comes on top, so
+this figure, H, bounds what the end-to-end ratios of ``benchmarks/kafka_e2e.py`` can reach:
+with K the rest of an engine record on a client (its time per record in ``kafka_e2e.py`` minus
+H), engine confluent-kafka / engine kafka-python is ``(H + K_kp) / (H + K_cf)``
+(docs/performance.md, *What the single-engine targets need*).
+
+Reported: H (median of ``--repeats`` passes over ``--records`` records, after a warm-up that
+fills the buffer and loads the compiled kernels), and, timed the same way on their own, the
+record parse (``connectors.schema.parse_conformed``) and the step with its release message on
+already-parsed records (``learn_one`` + ``release_message``, the learner's JSON encoding
+included).
+
+    python benchmarks/engine_record.py [--records 20000] [--repeats 5] [--dim 8] [--buffer 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from connectors.schema import ReleaseEncoder, parse_conformed  # noqa: E402
+from stream_dp.engine.config import EngineConfig  # noqa: E402
+from stream_dp.engine.learning import Learning  # noqa: E402
+
+__all__ = ["main"]
+
+#: As benchmarks/kafka_e2e.py: a charged release (and its message) at every record.
+ONE_RELEASE_PER_RECORD = {"release_every": 1, "smoothing_window": 1, "predict_with": "release"}
+WARM = 500
+
+
+def config(dim: int, buffer: int) -> EngineConfig:
+    return EngineConfig.model_validate(
+        {
+            "model": {"alpha": 1.0, "buffer": buffer, "features": [f"f{j}" for j in range(dim)],
+                      **ONE_RELEASE_PER_RECORD},
+            "source": {"kind": "jsonl", "path": "-"},
+            "releases": {"kind": "stdout"},
+            "dead_letters": {"kind": "stdout"},
+            "checkpoint": {"path": "unused"},
+        }
+    )  # fmt: skip
+
+
+def messages(n: int, dim: int, seed: int = 0) -> list[bytes]:
+    """n JSON records as kafka_e2e.py produces them (‖x‖ ≈ 1, the learner's radius)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        x = rng.normal(size=dim) / np.sqrt(dim)
+        record = {"id": i, "x": {f"f{j}": float(v) for j, v in enumerate(x)}, "y": int(x[0] > 0)}
+        out.append(json.dumps(record).encode())
+    return out
+
+
+def per_record(run, n: int) -> float:
+    t0 = time.perf_counter()
+    run()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def measure(dim: int, buffer: int, n: int) -> dict[str, float]:
+    """One pass of each measurement on fresh learners: µs per record."""
+    cfg = config(dim, buffer)
+    values = messages(WARM + n, dim)
+    features = tuple(cfg.model.features)
+    known = frozenset(features)
+
+    learning = Learning(cfg)
+    learning.run_id = "bench"
+    for v in values[:WARM]:
+        learning.handle(v)
+
+    def handle() -> None:
+        for v in values[WARM:]:
+            learning.handle(v)
+
+    def parse() -> None:
+        for v in values[WARM:]:
+            parse_conformed(v, features, known)
+
+    parsed = [parse_conformed(v, features, known)[:2] for v in values]
+    learner = config(dim, buffer).model.build()
+    encoder = ReleaseEncoder()
+    for x, y in parsed[:WARM]:
+        learner.learn_one(x, y)
+
+    def step() -> None:
+        for x, y in parsed[WARM:]:
+            learner.learn_one(x, y)
+            encoder.encode(learner.release_message(), run_id="bench", time=0.0)
+
+    return {"handle": per_record(handle, n), "parse": per_record(parse, n),
+            "step": per_record(step, n)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dim", type=int, default=8)
+    ap.add_argument("--buffer", type=int, default=64)
+    args = ap.parse_args(argv)
+    runs = [measure(args.dim, args.buffer, args.records) for _ in range(args.repeats)]
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    print(f"d = {args.dim}, fifo:{args.buffer}, one release per record, {args.records} records, "
+          f"median of {args.repeats}")  # fmt: skip
+    print(f"engine record (Learning.handle), H      : {med['handle']:.1f} µs")
+    print(f"  parse and validate the message alone  : {med['parse']:.1f} µs")
+    print(f"  learn_one + release message alone     : {med['step']:.1f} µs")
+
+
+if __name__ == "__main__":
+    main()
