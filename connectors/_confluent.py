@@ -679,7 +679,7 @@ class ConfluentConsumer:
         if self._errors.fatal is not None:
             fatal, self._errors.fatal = self._errors.fatal, None
             raise kafka_error(fatal)
-        msgs = self._call(self._c.consume, max_records or self.max_poll_records, timeout_ms / 1000)
+        msgs = self._fetched(max_records or self.max_poll_records, timeout_ms / 1000)
         out: dict[Any, list] = {}
         last: dict[Any, list] | None = None
         key: tuple[str, int] | None = None
@@ -699,6 +699,25 @@ class ConfluentConsumer:
             err, self._pending = self._pending, None
             raise err
         return out
+
+    def _fetched(self, n: int, timeout_s: float) -> list[Any]:
+        """Up to n messages, returned as soon as there is one, as kafka-python's poll does.
+
+        librdkafka's ``consume(n, timeout)`` returns only once it has n messages or the timeout
+        has passed: with fewer waiting, it waited out the whole timeout (0.5 s for the engine)
+        while records sat in its queue: at the end of every drained input, and at every poll
+        of an input slower than n records per timeout. What is queued is taken at once;
+        with nothing queued, the first message to arrive ends the wait, and what came with it
+        is taken too.
+        """
+        c = self._c
+        msgs = self._call(c.consume, n, 0)
+        if msgs or timeout_s <= 0:
+            return msgs
+        first = self._call(c.poll, timeout_s)
+        if first is None:
+            return []
+        return [first, *self._call(c.consume, n - 1, 0)] if n > 1 else [first]
 
     def _failed(self, msg: Any) -> None:
         import kafka.errors as E

@@ -1109,6 +1109,77 @@ def test_confluent_resume_asks_for_metadata_so_that_the_fetcher_wakes(
     consumer.resume(tp)  # no error: the fetcher wakes by itself
 
 
+class _RdQueue:
+    """A librdkafka consumer handle's fetch queue: ``consume(n, timeout)`` as librdkafka's, which
+    waits out the timeout unless n messages are queued; ``poll`` ends at the first message."""
+
+    def __init__(self, queued: int, arriving: int) -> None:
+        self.queued, self.arriving = queued, arriving
+        self.waited: list[tuple[str, float]] = []
+
+    def consume(self, n: int, timeout: float) -> list[Any]:
+        got = min(n, self.queued)
+        self.queued -= got
+        if got < n and timeout > 0:
+            self.waited.append(("consume", timeout))
+        return [_RdMessage(i) for i in range(got)]
+
+    def poll(self, timeout: float) -> Any:
+        self.waited.append(("poll", timeout))
+        if not self.arriving:
+            return None
+        self.queued, self.arriving = self.queued + self.arriving - 1, 0
+        return _RdMessage(0)
+
+
+class _RdMessage:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return b"{}"
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+def test_confluent_poll_returns_what_is_queued_without_waiting_for_a_full_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kafka-python's poll returns as soon as it has records; librdkafka's ``consume(n, t)``
+    waits out t unless n are queued. The adapter takes what is queued at once, and with nothing
+    queued waits only for the first message to arrive."""
+    pytest.importorskip("confluent_kafka")
+    from connectors._confluent import ConfluentConsumer
+
+    def polled(queued: int, arriving: int) -> tuple[int, list[tuple[str, float]]]:
+        handle = _RdQueue(queued, arriving)
+        _rd_consumers(monkeypatch, handle, away=False)
+        consumer = ConfluentConsumer({"group_id": "g"})
+        got = sum(len(r) for r in consumer.poll(timeout_ms=500, max_records=100).values())
+        return got, handle.waited
+
+    assert polled(10, 0) == (10, [])  # queued: no wait
+    assert polled(0, 7) == (7, [("poll", 0.5)])  # the wait ends at the first to arrive
+    assert polled(0, 0) == (0, [("poll", 0.5)])  # nothing: the whole timeout, as before
+    assert polled(250, 0) == (100, [])
+
+
 def test_kafka_positions_seek_and_parse(kafka_client: str) -> None:
     src = KafkaSource("events", "127.0.0.1:1", "g", client=kafka_client)
     src.seek({"events:0": 10, "events:2": 7, "other:0": 3})

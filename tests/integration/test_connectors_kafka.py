@@ -124,6 +124,39 @@ def check_partition_order(messages: list[SourceMessage]) -> None:
         last[part] = off
 
 
+def test_a_poll_returns_as_soon_as_records_are_there(
+    kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
+) -> None:
+    """A poll with a long timeout returns the records there are, fewer than it may take,
+    without waiting out its timeout (librdkafka's own batch consume waits for all of them)."""
+    from connectors.clients import client
+
+    bootstrap = kafka_broker.bootstrap
+    topic = unique_name("t")
+    produce(bootstrap, topic, range(10), kafka_client)
+    consumer = client(kafka_client).consumer(
+        bootstrap_servers=bootstrap,
+        group_id=unique_name("g"),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    try:
+        from kafka import TopicPartition
+
+        consumer.assign([TopicPartition(topic, 0)])
+        timeout_s = patience(30.0)
+        began = time.monotonic()
+        got = 0
+        while got < 10 and time.monotonic() - began < timeout_s:
+            batch = consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=500)
+            got += sum(len(records) for records in batch.values())
+        took = time.monotonic() - began
+    finally:
+        consumer.close()
+    assert got == 10
+    assert took < timeout_s / 2, f"the poll waited {took:.1f} s for records it had"
+
+
 def test_produce_consume_commit_and_resume(
     kafka_broker: KafkaBroker, unique_name: Callable[[str], str], kafka_client: str
 ) -> None:
