@@ -32,27 +32,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from connectors.schema import ReleaseEncoder, parse_conformed  # noqa: E402
-from stream_dp.engine.config import EngineConfig  # noqa: E402
 from stream_dp.engine.learning import Learning  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# The same model as the end-to-end benchmark's engines (a release at every record).
+from kafka_e2e import local_config  # noqa: E402
 
 __all__ = ["main"]
 
-#: As benchmarks/kafka_e2e.py: a charged release (and its message) at every record.
-ONE_RELEASE_PER_RECORD = {"release_every": 1, "smoothing_window": 1, "predict_with": "release"}
 WARM = 500
-
-
-def config(dim: int, buffer: int) -> EngineConfig:
-    return EngineConfig.model_validate(
-        {
-            "model": {"alpha": 1.0, "buffer": buffer, "features": [f"f{j}" for j in range(dim)],
-                      **ONE_RELEASE_PER_RECORD},
-            "source": {"kind": "jsonl", "path": "-"},
-            "releases": {"kind": "stdout"},
-            "dead_letters": {"kind": "stdout"},
-            "checkpoint": {"path": "unused"},
-        }
-    )  # fmt: skip
 
 
 def messages(n: int, dim: int, seed: int = 0) -> list[bytes]:
@@ -74,7 +63,7 @@ def per_record(run, n: int) -> float:
 
 def measure(dim: int, buffer: int, n: int) -> dict[str, float]:
     """One pass of each measurement on fresh learners: µs per record."""
-    cfg = config(dim, buffer)
+    cfg = local_config(buffer, dim)
     values = messages(WARM + n, dim)
     features = tuple(cfg.model.features)
     known = frozenset(features)
@@ -93,7 +82,7 @@ def measure(dim: int, buffer: int, n: int) -> dict[str, float]:
             parse_conformed(v, features, known)
 
     parsed = [parse_conformed(v, features, known)[:2] for v in values]
-    learner = config(dim, buffer).model.build()
+    learner = local_config(buffer, dim).model.build()
     encoder = ReleaseEncoder()
     for x, y in parsed[:WARM]:
         learner.learn_one(x, y)

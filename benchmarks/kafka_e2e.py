@@ -262,10 +262,10 @@ def confluent_installed() -> bool:
     return True
 
 
-def warm_up(buffer: int, dim: int) -> None:
-    """Learn and release a few hundred records outside any measurement: the compiled kernels
-    load (or compile) once per process, so whichever engine runs first does not pay for it."""
-    cfg = EngineConfig.model_validate(
+def local_config(buffer: int, dim: int) -> EngineConfig:
+    """The benchmark's model with no Kafka around it (stdin in, stdout out, no checkpoint
+    written): for learning outside the Kafka measurements."""
+    return EngineConfig.model_validate(
         {
             "model": {"alpha": 1.0, "buffer": buffer, "features": [f"f{j}" for j in range(dim)],
                       **ONE_RELEASE_PER_RECORD},
@@ -275,7 +275,12 @@ def warm_up(buffer: int, dim: int) -> None:
             "checkpoint": {"path": "unused"},
         }
     )  # fmt: skip
-    learner = cfg.model.build()
+
+
+def warm_up(buffer: int, dim: int) -> None:
+    """Learn and release a few hundred records outside any measurement: the compiled kernels
+    load (or compile) once per process, so whichever engine runs first does not pay for it."""
+    learner = local_config(buffer, dim).model.build()
     rng = np.random.default_rng(1)
     for _ in range(400):
         x = rng.normal(size=dim) / np.sqrt(dim)
