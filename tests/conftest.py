@@ -95,24 +95,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unmarked:
         raise pytest.UsageError(f"Kafka integration tests without the kafka marker: {unmarked}")
     _heaviest_files_first(items)
-    if os.environ.get("STREAM_DP_ALL_CLIENTS"):
-        return
-    # The long Kafka scenarios (SIGKILLs, outages, scale-out: minutes each) run on the default
-    # client only; their confluent-kafka variants need STREAM_DP_ALL_CLIENTS=1. Both fit in the
-    # 20-minute CI budget (about 10 minutes on 2 cores), but one confluent-kafka scale-out
-    # scenario fails now and then under the suite's load (an instance that takes partitions over
-    # receives nothing from them: docs/operations.md), and a red CI must mean a broken change.
-    # Every other Kafka test runs on both clients.
-    other_client = [
-        item
-        for item in items
-        if item.get_closest_marker("scenario") is not None
-        and getattr(item, "callspec", None) is not None
-        and item.callspec.params.get("kafka_client", CLIENTS[0]) != CLIENTS[0]
-    ]
-    if other_client:
-        config.hook.pytest_deselected(items=other_client)
-        items[:] = [item for item in items if item not in other_client]
 
 
 def _heaviest_files_first(items: list[pytest.Item]) -> None:
