@@ -29,6 +29,7 @@ from stream_dp.privacy.budget import (
     approx_budget,
     budget_from_dict,
     budget_or_slice_from_dict,
+    pure_budget,
     zcdp_budget,
 )
 from stream_dp.privacy.events import GaussianEvents
@@ -408,10 +409,52 @@ def test_a_batch_charge_is_its_events_charged_one_by_one_bit_for_bit():
     assert a.ledger == b.ledger
 
 
-def test_a_charge_is_refused_exactly_where_the_exact_sum_passes_the_limit():
+def _charge_event(budget, t: int, sens: float, sigma: float) -> None:
+    budget.charge(GaussianEvent(t, sens, sigma))
+
+
+def _charge_gaussian(budget, t: int, sens: float, sigma: float) -> None:
+    budget.charge_gaussian(t, sens, sigma)
+
+
+def test_the_per_record_gaussian_charge_is_the_event_charge():
+    """``charge_gaussian`` (no event object: a release at every record) leaves the ledger, the
+    partials and the journal columns of ``charge(GaussianEvent(...))``, across chunk boundaries,
+    and hands what it does not handle itself to ``charge``: a replay is free, a different
+    release at a charged step refused, bad parameters and accountants without Gaussian events
+    rejected as ``charge`` rejects them."""
+    rng = np.random.default_rng(12)
+    fast, ref = zcdp_budget(1e6, 1e-5), zcdp_budget(1e6, 1e-5)
+    for t in range(1, N):
+        sens, sigma = float(rng.uniform(0, 0.1)), float(rng.uniform(1, 30))
+        fast.charge_gaussian(t, sens, sigma)
+        ref.charge(GaussianEvent(t, sens, sigma))
+    a, b = fast.accountant, ref.accountant
+    assert a.ledger == b.ledger and a._partials == b._partials and a.verify()
+    assert a.to_dict()["columns"].keys() == b.to_dict()["columns"].keys()
+    for key, col in b.to_dict()["columns"].items():
+        assert np.array_equal(a.to_dict()["columns"][key], col, equal_nan=True), key
+    last = a.ledger[-1]
+    fast.charge_gaussian(last.step, last.sensitivity, last.sigma)  # an identical replay: free
+    assert len(a) == len(b)
+    with pytest.raises(DoubleCharge):
+        fast.charge_gaussian(last.step, last.sensitivity, 2 * last.sigma)
+    for sens, sigma in ((float("nan"), 1.0), (-1.0, 1.0), (1.0, 0.0), (float("inf"), 1.0)):
+        with pytest.raises(ValueError):
+            fast.charge_gaussian(N + 1, sens, sigma)
+    with pytest.raises(ValueError):  # a step must be an int, as in GaussianEvent's check
+        fast.charge_gaussian(float(N + 1), 0.1, 1.0)
+    assert a.ledger == b.ledger
+    with pytest.raises(TypeError):
+        pure_budget(1.0).charge_gaussian(1, 0.1, 1.0)
+
+
+@pytest.mark.parametrize("charge", [_charge_event, _charge_gaussian])
+def test_a_charge_is_refused_exactly_where_the_exact_sum_passes_the_limit(charge):
     """Thousands of charges (costs folded in batches), then the budget's edge: every charge is
     accepted or refused as the correctly rounded sum of every accepted cost says, whatever the
-    float shortcut far from the limit, and the partials are those of that sum."""
+    float shortcut far from the limit, and the partials are those of that sum; the same for the
+    per-record form ``charge_gaussian``."""
     rng = np.random.default_rng(9)
     budget = zcdp_budget(1.0, 1e-5)
     per = budget.limit / 3000.0  # 3000 equal-cost charges use up the budget
@@ -422,7 +465,7 @@ def test_a_charge_is_refused_exactly_where_the_exact_sum_passes_the_limit():
         cost = sens**2 / (2.0 * sigma**2)
         fits = math.fsum([*accepted, cost]) <= budget.limit
         try:
-            budget.charge(GaussianEvent(t, sens, sigma))
+            charge(budget, t, sens, sigma)
             charged = True
         except BudgetExhausted:
             charged = False

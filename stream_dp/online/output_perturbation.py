@@ -484,10 +484,15 @@ class _Compiled(CompiledMechanism):
         mech = self.mech
         if r == 1:  # learn_one's case: scalars, no slices
             sens, sigma = self.out_sens.item(0), self.out_sigma.item(0)
-            # GaussianEvent(step, Δ, σ) by tuple's own constructor: one event per record here,
-            # and the namedtuple's Python-level __new__ would cost a fifth of the charge.
-            event = _new_tuple(GaussianEvent, (self.out_step.item(0), sens, sigma, "gaussian"))
-            mech.budget.charge(event)
+            budget = mech.budget
+            if type(budget) is PrivacyBudget:  # one charge per record: no event object built
+                budget.charge_gaussian(self.out_step.item(0), sens, sigma)
+            else:
+                # GaussianEvent(step, Δ, σ) by tuple's own constructor: the namedtuple's
+                # Python-level __new__ would cost a fifth of the charge.
+                budget.charge(
+                    _new_tuple(GaussianEvent, (self.out_step.item(0), sens, sigma, "gaussian"))
+                )
         else:
             sens, sigma = self.out_sens.item(r - 1), self.out_sigma.item(r - 1)
             steps, sens_all, sigmas = self.out_step[:r], self.out_sens[:r], self.out_sigma[:r]

@@ -231,6 +231,17 @@ class Accountant:
         if len(pending) >= _FOLD_EVERY:
             self._fold()
 
+    def record_gaussian(self, step: int, sensitivity: float, sigma: float, cost: float) -> None:
+        """:meth:`record` of ``GaussianEvent(step, sensitivity, sigma)`` and its ``cost``,
+        without the event: the per-record charge of a budget (:meth:`PrivacyBudget.
+        charge_gaussian`), whose checks come first."""
+        self.storage.append_gaussian(step, sensitivity, sigma)
+        pending = self._pending
+        pending.append(cost)
+        self.approximate_total += cost
+        if len(pending) >= _FOLD_EVERY:
+            self._fold()
+
     # -- totals ---------------------------------------------------------------------------------
     @property
     def _partials(self) -> list[float]:

@@ -22,7 +22,7 @@ from stream_dp.privacy.accountant import (
     accountant_from_dict,
 )
 from stream_dp.privacy.conversions import Conversion, rho_from_epsilon
-from stream_dp.privacy.events import ApproxDPEvent, Event, GaussianEvents
+from stream_dp.privacy.events import ApproxDPEvent, Event, GaussianEvent, GaussianEvents
 
 __all__ = [
     "BudgetExhausted",
@@ -38,6 +38,7 @@ __all__ = [
 # A total this far below the limit is below it whatever the rounding of the running total (a few
 # hundred ulps at most): 1e-9 relative is millions of ulps.
 _CLEARLY_BELOW = 1.0 - 1e-9
+_INF = math.inf
 
 
 class BudgetExhausted(RuntimeError):
@@ -132,6 +133,24 @@ class PrivacyBudget:
                 raise BudgetExhausted(f"δ budget {self.delta_limit} would be exceeded ({deltas})")
         acc.record(event, cost)
         return event
+
+    def charge_gaussian(self, step: int, sensitivity: float, sigma: float) -> None:
+        """``charge(GaussianEvent(step, sensitivity, sigma))``, for a release at every record:
+        the common case (a new step, valid parameters, the budget clearly not reached) without
+        building the event; anything else goes through :meth:`charge`, which decides it."""
+        acc = self.accountant
+        if (
+            type(step) is int
+            and step > acc.storage.last_step
+            and 0.0 <= sensitivity < _INF
+            and sigma > 0.0
+            and GaussianEvent in acc.events
+        ):
+            cost = acc.gaussian_cost(sensitivity, sigma)
+            if acc.approximate_total + cost <= self._clearly_below:
+                acc.record_gaussian(step, sensitivity, sigma, cost)
+                return
+        self.charge(GaussianEvent(step, sensitivity, sigma))
 
     def _charge_batch(self, batch: GaussianEvents) -> GaussianEvents:
         acc = self.accountant

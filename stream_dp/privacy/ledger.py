@@ -147,6 +147,19 @@ class Ledger:
         if len(self._steps) == CHUNK:
             self._seal()
 
+    def append_gaussian(self, step: int, sensitivity: float, sigma: float) -> None:
+        """``append(GaussianEvent(step, sensitivity, sigma))`` without the event: the row of one
+        ``"gaussian"`` release, for the per-record charge (the accountant has checked it)."""
+        steps = self._steps
+        steps.append(step)
+        self._mech.append(GAUSSIAN)
+        self._sens.append(sensitivity)
+        self._scale.append(sigma)
+        self.last_step = step
+        self.n_rows += 1
+        if len(steps) == CHUNK:
+            self._seal()
+
     def _extend_gaussian(self, batch: GaussianEvents) -> None:
         code = MECHANISM_CODES[batch.mechanism]
         steps = np.asarray(batch.steps, dtype=np.int64)
