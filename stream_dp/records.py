@@ -224,12 +224,15 @@ class FeatureSchema:
                 if arr is not None and arr.dtype.char == "d" and arr.ndim == 1:
                     sq = _vdot(arr, arr)
                     if math.isfinite(sq):
-                        # clip_norm's own test, inlined for the record it leaves unchanged
-                        out = arr if math.sqrt(sq) <= radius else clip_norm(arr, radius, sq)
-                        clipped = out is not arr
+                        # clip_norm, inlined: arr is this call's own, so it is scaled in place
+                        # (the same product, element by element, without a second array)
+                        norm = math.sqrt(sq)
+                        clipped = norm > radius
+                        if clipped:
+                            arr *= radius / norm
                         self.last_clipped = clipped
-                        self._last = (x, vals, radius, out, clipped)
-                        return out
+                        self._last = (x, vals, radius, arr, clipped)
+                        return arr
                 # ints, or anything else: the general path converts, or raises
         v = self.to_array(x, learning=learning)
         out = clip_norm(v, radius)

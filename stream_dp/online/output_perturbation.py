@@ -440,7 +440,10 @@ class _Compiled(CompiledMechanism):
         t = t0 + 1
         if mech.horizon is not None and t > mech.horizon:
             return False
-        if is_release_step(t, mech.warmup, mech.release_every, mech.horizon_code):
+        every = mech.release_every
+        if (every == 1 and t > mech.warmup) or is_release_step(
+            t, mech.warmup, every, mech.horizon_code
+        ):  # (a release at every step after the warm-up: is_release_step's answer, inlined)
             if not mech.certain(1):
                 return self.steps(t0, 1) == 1
             self.rhos[0] = mech.rho(mech.n_charged + 1)
