@@ -229,3 +229,67 @@ def test_a_poll_waits_briefly_while_no_partition_is_held(tmp_path):
     so.engines[0] = object()  # a held partition (the poll only asks whether there is one)
     so._poll(10)
     assert asked[0] <= 100 and asked[1] == 500, asked
+
+
+def test_an_instance_loads_its_kernels_before_it_joins_its_group(tmp_path, monkeypatch):
+    """The first compiled step (a compile of about a minute of CPU after an install or upgrade)
+    comes before the instance subscribes, not inside the group's poll loop, where it could
+    hold a poll past max.poll.interval.ms."""
+    from stream_dp.engine import scaleout
+
+    calls: list[str] = []
+
+    class Joined(Exception):
+        pass
+
+    def join(self) -> None:
+        calls.append("join")
+        raise Joined
+
+    monkeypatch.setattr(scaleout.ScaleOut, "_check_kafka", lambda self: calls.append("check"))
+    monkeypatch.setattr(scaleout.ScaleOut, "_ensure_topics", lambda self: None)
+    monkeypatch.setattr(scaleout, "load_kernels", lambda cfg: calls.append("kernels") or 0.0)
+    monkeypatch.setattr(scaleout.ScaleOut, "_open_consumer", join)
+    so = scaleout.ScaleOut(
+        EngineConfig.model_validate(kafka_config(tmp_path)), master_secret=int(GOOD_16, 16)
+    )
+    with pytest.raises(Joined):
+        so.run()
+    assert calls == ["check", "kernels", "join"]
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"alpha": 1.0, "buffer": 8, "release_every": 1},
+        {"task": "metric", "buffer": 8, "release_every": 5},
+        {"algorithm": "OnPairMF", "horizon": 1_000},
+        {"buffer": 8, "unit_key": "person", "max_events_per_unit": 2},
+    ],
+    ids=["auc", "metric", "onpairmf", "units"],
+)
+def test_loading_the_kernels_takes_compiled_steps_and_leaves_nothing(tmp_path, monkeypatch, model):
+    """load_kernels steps a throwaway copy of the model past its warm-up on made-up records,
+    through the engine's per-record path (every record learned, compiled steps and releases
+    made), and writes nothing: no checkpoint, no ledger journal, no release."""
+    from stream_dp.engine import kernels
+
+    monkeypatch.chdir(tmp_path)
+    cfg = EngineConfig.model_validate(
+        {**kafka_config(tmp_path), "model": {**model, "features": ["a", "b", "c"]}}
+    )
+    seen: list = []
+    handle = kernels.Learning.handle
+
+    def spy(self, value, position=None, key=None):
+        seen.append((self, handle(self, value, position, key)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(kernels.Learning, "handle", spy)
+    kernels.load_kernels(cfg)
+    learning = seen[0][0]
+    learner = learning.learner
+    outcomes = {done.outcome.value for _, done in seen}
+    assert outcomes <= {"learned", "released"} and "released" in outcomes, outcomes
+    assert learner.step == len(seen) > getattr(learner, "T1", 0)
+    assert list(tmp_path.iterdir()) == [], "the throwaway learner wrote something"

@@ -64,6 +64,7 @@ from stream_dp.engine.heartbeat import (
     status_topic,
     status_topic_configs,
 )
+from stream_dp.engine.kernels import load_kernels
 from stream_dp.engine.master_secret import check_master_secret, partition_secret
 from stream_dp.engine.metrics_snapshot import EngineSnapshot, LearnerSnapshot
 from stream_dp.engine.prometheus import MetricsServer, metrics_server
@@ -437,6 +438,9 @@ class ScaleOut:
             try:
                 self._check_kafka()
                 self._ensure_topics()
+                # Before joining: compiled in the group's poll loop (the first start after an
+                # install or upgrade), the kernels could hold a poll past max.poll.interval.ms.
+                log.debug("compiled kernels loaded in %.2f s", load_kernels(self.config))
                 self._open_consumer()
                 self._publish_metrics({}, up=True)
                 self._loop()
