@@ -26,6 +26,7 @@ from stream_dp.privacy.accountant import (
 )
 from stream_dp.privacy.budget import (
     BudgetExhausted,
+    PrivacyBudget,
     approx_budget,
     budget_from_dict,
     budget_or_slice_from_dict,
@@ -447,6 +448,15 @@ def test_the_per_record_gaussian_charge_is_the_event_charge():
     assert a.ledger == b.ledger
     with pytest.raises(TypeError):
         pure_budget(1.0).charge_gaussian(1, 0.1, 1.0)
+
+    class Recording(ZCDPAccountant):  # another accounting of the same events: not bypassed
+        def record(self, event, cost) -> None:
+            recorded.append(event)
+            super().record(event, cost)
+
+    recorded: list = []
+    PrivacyBudget(Recording(1e-5), 1.0, 1.0, 1e-5).charge_gaussian(1, 0.1, 1.0)
+    assert recorded == [GaussianEvent(1, 0.1, 1.0)]
 
 
 @pytest.mark.parametrize("charge", [_charge_event, _charge_gaussian])

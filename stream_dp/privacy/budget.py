@@ -136,15 +136,16 @@ class PrivacyBudget:
 
     def charge_gaussian(self, step: int, sensitivity: float, sigma: float) -> None:
         """``charge(GaussianEvent(step, sensitivity, sigma))``, for a release at every record:
-        the common case (a new step, valid parameters, the budget clearly not reached) without
-        building the event; anything else goes through :meth:`charge`, which decides it."""
+        the common case (a new step, valid parameters, a zCDP accountant, the budget clearly
+        not reached) without building the event; anything else goes through :meth:`charge`,
+        which decides it."""
         acc = self.accountant
         if (
             type(step) is int
             and step > acc.storage.last_step
             and 0.0 <= sensitivity < _INF
             and sigma > 0.0
-            and GaussianEvent in acc.events
+            and type(acc) is ZCDPAccountant  # (a subclass may compose or store otherwise)
         ):
             cost = acc.gaussian_cost(sensitivity, sigma)
             if acc.approximate_total + cost <= self._clearly_below:
