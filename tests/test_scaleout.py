@@ -293,3 +293,40 @@ def test_loading_the_kernels_takes_compiled_steps_and_leaves_nothing(tmp_path, m
     assert outcomes <= {"learned", "released"} and "released" in outcomes, outcomes
     assert learner.step == len(seen) > getattr(learner, "T1", 0)
     assert list(tmp_path.iterdir()) == [], "the throwaway learner wrote something"
+
+
+def test_a_partition_left_without_a_position_is_said_once_not_swallowed(tmp_path, caplog):
+    """A gained partition has no position until its learner seeks it, and a poll meanwhile
+    raises NoOffsetForPartitionError, which the loop rides out. Poll after poll, the partition
+    would be read by no one: a warning says so once, and a good poll resets the count."""
+    from kafka.errors import NoOffsetForPartitionError
+
+    from stream_dp.engine.scaleout import NO_OFFSET_WARN_POLLS, ScaleOut
+
+    results: list = []
+
+    class Consumer:
+        def poll(self, timeout_ms: int, max_records: int) -> dict:
+            result = results.pop(0)
+            if isinstance(result, Exception):
+                raise result
+            return result
+
+    so = ScaleOut(
+        EngineConfig.model_validate(kafka_config(tmp_path)), master_secret=int(GOOD_16, 16)
+    )
+    so._consumer = Consumer()
+    missing = NoOffsetForPartitionError("t-3")
+    below = [missing] * (NO_OFFSET_WARN_POLLS - 1)
+
+    def said(polls: list) -> list[str]:
+        results[:] = polls
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="stream_dp.engine"):
+            for _ in range(len(polls)):
+                assert so._poll(10) == {}
+        return [r.getMessage() for r in caplog.records if "without a position" in r.getMessage()]
+
+    assert said(below + [{}] + below) == []  # a good poll in between: two short runs
+    warned = said([missing] * 6)  # the second run goes on past the threshold
+    assert len(warned) == 1 and "t-3" in warned[0] and f"{NO_OFFSET_WARN_POLLS} polls" in warned[0]

@@ -77,6 +77,10 @@ __all__ = ["ScaleOut", "composition", "partition_config"]
 
 log = logging.getLogger("stream_dp.engine")
 
+#: Polls in a row that meet a partition without a position before the instance says so (a
+#: gained partition has one from its learner within a poll or two; at most 500 ms each).
+NO_OFFSET_WARN_POLLS = 20
+
 
 def partition_config(config: EngineConfig, partition: int) -> EngineConfig:
     """The config of partition ``partition``'s learner: its model id, state directory, no
@@ -195,6 +199,7 @@ class ScaleOut:
         #: ``time.time()`` since which the group consumer has not reached Kafka (None: it has).
         self.unreachable_since: float | None = None
         self._backoff = Backoff(maximum=10.0, logger=log, what="Kafka group consume")
+        self._no_offset_polls = 0  # polls in a row that met a partition without a position
         self.stopping = StopRequest()
         #: This instance's name in the status (owner of its partitions).
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
@@ -497,8 +502,16 @@ class ScaleOut:
         except OffsetOutOfRangeError as err:
             self._skip_out_of_range(err.args[0] if err.args else {})
             return {}
-        except NoOffsetForPartitionError:
-            return {}  # a partition gained in this poll: run() seeks it to its learner's position
+        except NoOffsetForPartitionError as err:
+            # A partition gained in this poll: run() seeks it to its learner's position. Poll
+            # after poll, it would be a partition nobody seeks, read by no one: said, once.
+            self._no_offset_polls += 1
+            if self._no_offset_polls == NO_OFFSET_WARN_POLLS:
+                log.warning(
+                    "%d polls in a row found a partition without a position (%s): it is "
+                    "not being read", self._no_offset_polls, err,
+                )  # fmt: skip
+            return {}
         except Exception as err:
             if not is_retriable(err):
                 raise
@@ -507,6 +520,7 @@ class ScaleOut:
                 log.warning("Kafka unreachable: %s; riding it out", err)
             self._backoff.failed(err, max_sleep=2.0)
             return {}
+        self._no_offset_polls = 0
         if self.unreachable_since is not None and polled:
             log.warning("Kafka reachable again after %.0f s", time.time() - self.unreachable_since)
             self.unreachable_since = None
