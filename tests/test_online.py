@@ -15,7 +15,7 @@ from stream_dp.constraints import L2Ball, PSDFrobeniusBall
 from stream_dp.huai import alpha_for_warmup
 from stream_dp.linalg import psd_sqrt
 from stream_dp.losses import Regularized, get_loss
-from stream_dp.online import OnPairC, OnPairStrC, PairwiseGIGA
+from stream_dp.online import OnPairC, OnPairMF, OnPairStrC, PairwiseGIGA
 from stream_dp.records import InvalidRecord, clip_norm
 
 __all__: list[str] = []
@@ -441,3 +441,52 @@ def test_private_release_ranks_pima(pima_split) -> None:
     auc = roc_auc_score(yte, [model.score_one(x) for x in Xte])
     assert auc > 0.65
     assert roc_auc_score(yte, [giga.score_one(x) for x in Xte]) > 0.75
+
+
+@pytest.mark.parametrize("copy_by", ["pickle", "deepcopy"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda f: OnPairStrC(task="auc", features=f, warmup=5, release_every=1,
+                             smoothing_window=1, predict_with="release", seed=5,
+                             reproducible=True),
+        lambda f: OnPairStrC(task="auc", features=f, warmup=5, release_every=2,
+                             smoothing_window=3, seed=5, reproducible=True),
+        lambda f: OnPairStrC(task="metric", features=f, warmup=5, release_every=1, seed=5,
+                             reproducible=True),
+        lambda f: OnPairMF(task="auc", features=f, horizon=500, seed=5, reproducible=True),
+    ],
+    ids=["auc-release", "auc-smoothed", "metric", "onpairmf"],
+)  # fmt: skip
+def test_a_copied_learner_serves_what_it_learns_next(make, copy_by: str, monkeypatch) -> None:
+    """A learner copied mid-stream (pickle, as river users save models, or deepcopy) serves,
+    predicts and publishes the releases it makes after the copy, exactly as an uncopied twin
+    does. The served releases are views of the release ring's rows: copied as they were, the
+    copy served the release of the moment it was copied for ever while it went on learning.
+    (OnPairMF's noise rows come in blocks of 16 steps here, so the copy resumes mid-block.)"""
+    import copy
+    import pickle
+
+    from stream_dp.online import correlated
+
+    monkeypatch.setattr(correlated, "block_rows", lambda size: 16)
+
+    features = ["a", "b", "c"]
+    rng = np.random.default_rng(7)
+    X = 0.3 * rng.normal(size=(60, 3))
+    task = make(features).task
+    y = [bool(v > 0) if task == "auc" else int(v > 0) + int(v > 0.2) for v in X[:, 0]]
+    copied, twin = make(features), make(features)
+    for x, label in zip(X[:25], y[:25], strict=True):
+        copied.learn_one(dict(zip(features, x, strict=True)), label)
+        twin.learn_one(dict(zip(features, x, strict=True)), label)
+    copied = pickle.loads(pickle.dumps(copied)) if copy_by == "pickle" else copy.deepcopy(copied)
+    for x, label in zip(X[25:], y[25:], strict=True):
+        record = dict(zip(features, x, strict=True))
+        copied.learn_one(record, label)
+        twin.learn_one(record, label)
+        assert copied.release_message()["weights"] == twin.release_message()["weights"]
+        if task == "auc":
+            assert copied.predict_proba_one(record) == twin.predict_proba_one(record)
+        else:
+            assert copied.transform_one(record) == twin.transform_one(record)

@@ -97,6 +97,17 @@ class ReleaseRing:
         #: Read-only views of the rows, shaped (``latest`` is one of them).
         self._views = [_readonly(row.reshape(self.shape)) for row in self.rows]
 
+    def __getstate__(self) -> dict:
+        # The views are of this ring's own rows. Copied (pickle, deepcopy) they would be arrays
+        # of their own, frozen as they were: the copy would serve that release for ever while
+        # its rows moved on. A copy makes them again from its rows (__setstate__).
+        return {k: v for k, v in self.__dict__.items() if k not in ("_views", "_mean")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._mean = None
+        self._views = [_readonly(row.reshape(self.shape)) for row in self.rows]
+
     @property
     def step(self) -> int:
         """The step of the latest release (0 before any)."""
