@@ -305,6 +305,7 @@ class _Compiled(CompiledMechanism):
     def __init__(self, mech: CorrelatedNoiseMechanism) -> None:
         self.mech = mech
         self.first = np.ones(1, dtype=np.int64)
+        self._first = 1  # first[0], as last written
         self._held: tuple = ()  # the mechanism's arrays the settings hold
 
     def settings(self) -> CorrelatedNoiseSettings:
@@ -313,6 +314,25 @@ class _Compiled(CompiledMechanism):
         self._held = (mech.block, mech.average)
         self.stale = False
         return CorrelatedNoiseSettings(mech.block, self.first, mech.average, kappa, np.zeros(0))
+
+    def one(self, t0: int) -> bool:
+        # steps(t0, 1)'s common case without its calls (one record per call): the next step's
+        # row is in the block at hand and the horizon is not reached.
+        mech = self.mech
+        t = t0 + 1
+        first = mech.block_first
+        if not (
+            mech.private
+            and first <= t < first + mech.block_count
+            and (mech.horizon is None or t <= mech.horizon)
+        ):
+            return self.steps(t0, 1) == 1
+        held = self._held
+        if held and (mech.block is not held[0] or mech.average is not held[1]):
+            self.stale = True  # rebound, or replaced
+        if self._first != first:
+            self.first[0] = self._first = first
+        return True
 
     def steps(self, t0: int, m: int) -> int:
         mech = self.mech
@@ -323,7 +343,7 @@ class _Compiled(CompiledMechanism):
             m = min(m, int(mech.horizon) - t0)
         if mech.private and m > 0:
             m = min(m, mech.ensure_block(t0 + 1))
-        self.first[0] = mech.block_first
+        self.first[0] = self._first = mech.block_first
         return max(m, 0)
 
     def ran(self, t0: int, m: int) -> None:
