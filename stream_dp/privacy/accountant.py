@@ -46,7 +46,7 @@ from stream_dp.privacy.events import (
 )
 from stream_dp.privacy.exact_sum import grow
 from stream_dp.privacy.journal import JournalError
-from stream_dp.privacy.ledger import APPROX, GAUSSIAN_CODES, LAPLACE, Ledger
+from stream_dp.privacy.ledger import APPROX, GAUSSIAN, GAUSSIAN_CODES, LAPLACE, Ledger
 
 __all__ = [
     "Accountant",
@@ -235,7 +235,7 @@ class Accountant:
         """:meth:`record` of ``GaussianEvent(step, sensitivity, sigma)`` and its ``cost``,
         without the event: the per-record charge of a budget (:meth:`PrivacyBudget.
         charge_gaussian`), whose checks come first."""
-        self.storage.append_gaussian(step, sensitivity, sigma)
+        self.storage.append_row(step, GAUSSIAN, sensitivity, sigma)
         pending = self._pending
         pending.append(cost)
         self.approximate_total += cost

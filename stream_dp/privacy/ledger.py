@@ -138,23 +138,18 @@ class Ledger:
             self._sp_idx.append(len(self._steps))
             self._sp_eps.append(float(eps))
             self._sp_delta.append(float(delta))
-        self._steps.append(step)
-        self._mech.append(MECHANISM_CODES[name])
-        self._sens.append(sens)
-        self._scale.append(scale)
-        self.last_step = step
-        self.n_rows += 1
-        if len(self._steps) == CHUNK:
-            self._seal()
+        self.append_row(step, MECHANISM_CODES[name], sens, scale)
 
-    def append_gaussian(self, step: int, sensitivity: float, sigma: float) -> None:
-        """``append(GaussianEvent(step, sensitivity, sigma))`` without the event: the row of one
-        ``"gaussian"`` release, for the per-record charge (the accountant has checked it)."""
+    def append_row(self, step: int, code: int, sensitivity: float, scale: float) -> None:
+        """Store one row: the step, the mechanism's code (:data:`MECHANISM_CODES`), Δ and the
+        noise scale; what :meth:`append` stores of an event, and the per-record charge
+        (:meth:`~.accountant.Accountant.record_gaussian`) of a release without one. The caller
+        has checked it; an (ε, δ) event's ε and δ are :meth:`append`'s to store first."""
         steps = self._steps
         steps.append(step)
-        self._mech.append(GAUSSIAN)
+        self._mech.append(code)
         self._sens.append(sensitivity)
-        self._scale.append(sigma)
+        self._scale.append(scale)
         self.last_step = step
         self.n_rows += 1
         if len(steps) == CHUNK:
