@@ -94,8 +94,11 @@ class ReleaseRing:
         self.lam = np.zeros(d)
         self.V = np.zeros((d, d))
         self._mean: tuple | None = None  # (state bytes, mean, its norm)
-        #: Read-only views of the rows, shaped (``latest`` is one of them).
-        self._views = [_readonly(row.reshape(self.shape)) for row in self.rows]
+        self._views = self._row_views()
+
+    def _row_views(self) -> list[np.ndarray]:
+        """Read-only views of the rows, shaped (``latest`` is one of them)."""
+        return [_readonly(row.reshape(self.shape)) for row in self.rows]
 
     def __getstate__(self) -> dict:
         # The views are of this ring's own rows. Copied (pickle, deepcopy) they would be arrays
@@ -106,7 +109,7 @@ class ReleaseRing:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._mean = None
-        self._views = [_readonly(row.reshape(self.shape)) for row in self.rows]
+        self._views = self._row_views()
 
     @property
     def step(self) -> int:
