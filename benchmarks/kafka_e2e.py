@@ -54,6 +54,7 @@ from connectors import KafkaSink
 from connectors._settings import crc32c_in_c
 from stream_dp.engine import Engine
 from stream_dp.engine.config import EngineConfig
+from stream_dp.engine.kernels import load_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The learner's defaults release every 20th step; the benchmark measures Algorithm 1 as
@@ -278,14 +279,10 @@ def local_config(buffer: int, dim: int) -> EngineConfig:
 
 
 def warm_up(buffer: int, dim: int) -> None:
-    """Learn and release a few hundred records outside any measurement: the compiled kernels
-    load (or compile) once per process, so whichever engine runs first does not pay for it."""
-    learner = local_config(buffer, dim).model.build()
-    rng = np.random.default_rng(1)
-    for _ in range(400):
-        x = rng.normal(size=dim) / np.sqrt(dim)
-        learner.learn_one({f"f{j}": float(v) for j, v in enumerate(x)}, int(x[0] > 0))
-        learner.release_message()
+    """Load the compiled kernels outside any measurement, as a scale-out instance does before
+    it joins (``stream_dp.engine.kernels``): once per process, so whichever engine runs first
+    does not pay for it."""
+    load_kernels(local_config(buffer, dim))
 
 
 def engine_loop(
