@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from dp_accounting import pld
 
+import stream_dp.privacy.gdp as gdp_module
 from stream_dp.privacy.accountant import ZCDPAccountant
 from stream_dp.privacy.conversions import epsilon_from_rho, rho_from_epsilon
 from stream_dp.privacy.events import ApproxDPEvent, GaussianEvent, LaplaceEvent
@@ -230,3 +231,46 @@ def test_a_full_budget_reports_at_most_its_epsilon() -> None:
             eps = float(eps)
             assert epsilon_for_delta(mu_for_epsilon(eps, delta), delta) <= eps
             assert epsilon_for_delta(math.sqrt(2 * rho_budget(eps, delta)), delta) <= eps
+
+
+def test_erfcx_matches_scipy_and_40_digit_arithmetic() -> None:
+    from scipy import special
+
+    rng = np.random.default_rng(3)
+    xs = np.concatenate(
+        [
+            rng.uniform(0.0, 1.0, 3000),
+            rng.uniform(0.0, 40.0, 6000),
+            10.0 ** rng.uniform(-30.0, 8.0, 3000),
+            [0.0, 25.999999, 26.0, 26.000001, 1e300],
+        ]
+    )
+    ours = np.array([gdp_module._erfcx(float(x)) for x in xs])
+    ref = special.erfcx(xs)
+    assert np.max(np.abs(ours - ref) / ref) < 4e-15
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 40
+    for x in xs[::60]:
+        exact = mp.erfc(mp.mpf(float(x))) * mp.exp(mp.mpf(float(x)) ** 2)
+        assert abs(mp.mpf(gdp_module._erfcx(float(x))) - exact) / exact < 2e-15, x
+
+
+def test_epsilon_search_is_one_function_of_mu_and_delta() -> None:
+    """Compiled or not, one μ at a time or many: the same ε, bit for bit (a release replayed
+    after a restart must publish the ε it published before)."""
+    from stream_dp import _jit
+
+    rng = np.random.default_rng(4)
+    mus = 10.0 ** rng.uniform(-5.0, 1.7, 400)
+    for delta in (1e-12, 1e-5, 3e-3):
+        one = [epsilon_for_delta(float(mu), delta) for mu in mus]
+        assert gdp_module.epsilons_for_delta(mus, delta).tolist() == one
+        with _jit.use_numba(False):
+            assert [epsilon_for_delta(float(mu), delta) for mu in mus] == one
+            assert gdp_module.epsilons_for_delta(mus, delta).tolist() == one
+    many = gdp_module.epsilons_for_delta(np.array([0.0, math.inf, 0.5]), 1e-5)
+    assert many.tolist() == [0.0, math.inf, epsilon_for_delta(0.5, 1e-5)]
+    with pytest.raises(ValueError):
+        gdp_module.epsilons_for_delta(np.array([0.5, -1.0]), 1e-5)
+    with pytest.raises(ValueError):
+        gdp_module.epsilons_for_delta(np.array([0.5]), 0.0)

@@ -28,6 +28,7 @@ from typing import Literal
 from scipy import optimize, special
 
 from stream_dp import _jit
+from stream_dp.privacy.gdp import epsilon_for_delta, rho_budget
 
 __all__ = [
     "Conversion",
@@ -84,8 +85,6 @@ def epsilon_from_rho(rho: float, delta: float, conversion: Conversion = "tight")
     if rho == 0.0:
         return 0.0
     if conversion == "exact":
-        from stream_dp.privacy.gdp import epsilon_for_delta  # lazily: gdp loads scipy
-
         return epsilon_for_delta(math.sqrt(2.0 * rho), delta)
     log_delta = math.log(delta)
     if conversion == "paper":
@@ -171,8 +170,6 @@ def rho_from_epsilon(epsilon: float, delta: float, conversion: Conversion = "tig
     if not epsilon > 0.0 or math.isinf(epsilon):
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
     if conversion == "exact":
-        from stream_dp.privacy.gdp import rho_budget
-
         return rho_budget(float(epsilon), float(delta))
     ln_inv_delta = -math.log(delta)
     if conversion == "paper":

@@ -35,8 +35,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 from scipy import optimize, special
 
+from stream_dp import _jit
+from stream_dp._jit import jitable
 from stream_dp.privacy.events import GaussianEvent, NeighbouringRelation
 from stream_dp.privacy.exact_sum import grow
 
@@ -44,6 +47,7 @@ __all__ = [
     "GaussianDPAccountant",
     "delta_for_epsilon",
     "epsilon_for_delta",
+    "epsilons_for_delta",
     "gaussian_mu",
     "log_delta_for_epsilon",
     "mu_for_epsilon",
@@ -52,6 +56,11 @@ __all__ = [
 ]
 
 _SQRT2 = math.sqrt(2.0)
+_SQRT_PI = math.sqrt(math.pi)
+#: Veltkamp's splitter for float64 (2**27 + 1): ``x = xh + xl`` with ``xh·xh`` exact.
+_SPLIT = 134217729.0
+#: Where :func:`_erfcx` turns to its asymptotic series (``erfc`` underflows past ~26.5).
+_ASYMPTOTIC_FROM = 26.0
 
 
 def gaussian_mu(sensitivity: float, sigma: float) -> float:
@@ -115,62 +124,73 @@ def delta_for_epsilon(mu: float, epsilon: float) -> float:
     return math.exp(log_delta_for_epsilon(mu, epsilon))
 
 
-def _log_delta_and_slope(mu: float, epsilon: float) -> tuple[float, float]:
+@jitable
+def _erfcx(x):
+    """``erfcx(x) = e^{x²}·erfc(x)`` for ``x ≥ 0``, to a few units in the last place.
+
+    Below :data:`_ASYMPTOTIC_FROM`, ``erfc(x)·e^{x²}`` with ``x²`` split exactly into
+    ``hi + lo`` (Veltkamp and Dekker's product), so that ``e^{x²}`` is not off by the ``x²·u``
+    that rounding ``x²`` would cost; above it, where ``erfc`` underflows, the asymptotic series
+    ``(1/(x√π))·Σ (−1)^k (2k−1)!!/(2x²)^k`` (Abramowitz & Stegun 7.1.23), whose terms fall by a
+    factor ``(2k−1)/(2x²) < 1/1300`` there. ``tests/test_gdp.py`` holds it to SciPy's ``erfcx`` and
+    to 40-digit arithmetic. Written here, not called from SciPy, so that the curve below compiles
+    and caches with numba.
+    """
+    if x < _ASYMPTOTIC_FROM:
+        hi = x * x
+        c = _SPLIT * x
+        xh = c - (c - x)
+        xl = x - xh
+        lo = ((xh * xh - hi) + 2.0 * xh * xl) + xl * xl
+        return math.erfc(x) * math.exp(hi) * (1.0 + lo)
+    inv = 0.5 / (x * x)
+    term = 1.0
+    total = 1.0
+    k = 1.0
+    while abs(term) > 1e-17 * total:
+        term *= -(2.0 * k - 1.0) * inv
+        total += term
+        k += 1.0
+    return total / (x * _SQRT_PI)
+
+
+@jitable
+def _curve(mu, epsilon):
     """``ln δ(ε)`` as :func:`log_delta_for_epsilon` derives it, and its derivative in ε, from the
     same two ``erfcx`` values (``0 < μ < ∞``, ``0 ≤ ε < ∞``).
 
     ``δ'(ε) = −e^ε Φ(b)`` (differentiate the curve: the two Gaussian densities cancel), which is
-    ``−½·erfcx(−b/√2)·e^{−a²/2}``, a term of δ itself.
+    ``−½·erfcx(−b/√2)·e^{−a²/2}``, a term of δ itself. ``Φ(a) = ½·erfc(−a/√2)``.
     """
     a = mu / 2.0 - epsilon / mu
     b = -mu / 2.0 - epsilon / mu
-    tail = float(special.erfcx(-b / _SQRT2))  # in (0, 1]: −b > 0
+    tail = _erfcx(-b / _SQRT2)  # in (0, 1]: −b > 0
     if a <= 0.0:
-        diff = float(special.erfcx(-a / _SQRT2)) - tail
+        diff = _erfcx(-a / _SQRT2) - tail
         if diff <= 0.0:  # the curve below the smallest positive double
             return -math.inf, -math.inf
         return -0.5 * a * a + math.log(0.5 * diff), -tail / diff
     part = 0.5 * tail * math.exp(-0.5 * a * a)
-    d = float(special.ndtr(a)) - part
+    d = 0.5 * math.erfc(-a / _SQRT2) - part
     if d <= 0.0:
         return -math.inf, -math.inf
     return math.log(d), -part / d
 
 
-def epsilon_for_delta(mu: float, delta: float) -> float:
-    """The smallest ε with ``δ(ε) ≤ δ`` for μ-GDP: the exact ε of the whole ledger.
-
-    Found on ``ln δ(ε)`` (decreasing in ε) and then rounded **up** until
-    ``delta_for_epsilon(μ, ε) ≤ δ`` holds in floating point, so the reported ε is never below
-    the curve. The root is found by Newton's method on ``ln δ(ε)``, kept inside a bracket that
-    every step narrows (bisection when a step leaves it): the engine converts its ledger at
-    every release, and this takes ~5 evaluations of the curve where Brent's method took ~25.
-    The start, ``μ²/2 + μ·z`` with ``Φ(−z) = δ``, solves ``Φ(a) = δ`` and is above the root
-    since ``δ(ε) < Φ(a)``; it depends on (μ, δ) only, so the result does too.
-
-    Examples
-    --------
-    >>> eps = epsilon_for_delta(0.5, 1e-5)
-    >>> round(eps, 4), delta_for_epsilon(0.5, eps) <= 1e-5
-    (1.9931, True)
-    >>> epsilon_for_delta(0.0, 1e-5)
-    0.0
-
-    """
-    _check_mu(mu)
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    if math.isinf(mu):
-        return math.inf
+@jitable
+def _epsilon_root(mu, delta, z):
+    """:func:`epsilon_for_delta` for a finite ``μ > 0`` and ``δ`` in (0, 1), with
+    ``z = Φ⁻¹(δ)`` (its start): Newton's method on ``ln δ(ε)`` in a bracket, then rounded up."""
     # δ(0) = erf(μ/(2√2)); far above δ the exact test below cannot hold, and is skipped.
-    if not math.erf(mu / (2.0 * _SQRT2)) > 2.0 * delta and delta_for_epsilon(mu, 0.0) <= delta:
-        return 0.0
+    if not math.erf(mu / (2.0 * _SQRT2)) > 2.0 * delta:
+        if math.exp(_curve(mu, 0.0)[0]) <= delta:
+            return 0.0
     log_target = math.log(delta)
     lo = 0.0  # ln δ(lo) > ln δ: the curve is above the target there
     hi = math.inf  # until a point below the target is seen
-    eps = max(1e-300, 0.5 * mu * mu - mu * float(special.ndtri(delta)))
+    eps = max(1e-300, 0.5 * mu * mu - mu * z)
     for _ in range(2200):
-        value, slope = _log_delta_and_slope(mu, eps)
+        value, slope = _curve(mu, eps)
         g = value - log_target
         if g > 0.0:
             lo = eps
@@ -191,9 +211,124 @@ def epsilon_for_delta(mu: float, delta: float) -> float:
             eps = nxt
             break
         eps = nxt
-    while delta_for_epsilon(mu, eps) > delta:
-        eps = math.nextafter(eps, math.inf) * (1.0 + 1e-15)
-    return eps
+    while math.exp(_curve(mu, eps)[0]) > delta:
+        eps = np.nextafter(eps, math.inf) * (1.0 + 1e-15)
+    return float(eps)
+
+
+def _epsilon_roots(mus, delta, z, out):
+    """:func:`_epsilon_root` of each μ in ``mus`` into ``out``."""
+    for i in range(mus.size):
+        out[i] = _epsilon_root(mus[i], delta, z)
+
+
+#: (μ, δ) pairs on which the compiled search must reproduce the Python one bit for bit before
+#: it is used: the small and large μ, the δ(0) ≤ δ case, both branches of the curve.
+_PROBE = tuple(
+    (mu, delta)
+    for delta in (1e-30, 1e-10, 1e-5, 1e-3, 0.4)
+    for mu in (1e-9, 1e-4, 0.01, 0.2472, 1.0, 3.7, 40.0, 1e3)
+)
+_COMPILED: list = []
+
+
+def _search():
+    """``(curve, root, roots)``: :func:`_curve`, :func:`_epsilon_root` and
+    :func:`_epsilon_roots`, compiled while the learners' kernels are (``stream_dp._jit``) and the
+    compiled code reproduces the Python one on :data:`_PROBE` — so that the reported ε does not
+    depend on whether numba runs (a release replayed after a restart publishes the same ε)."""
+    if not _jit.numba_active():
+        return _curve, _epsilon_root, _epsilon_roots
+    if not _COMPILED:
+        found = (_curve, _epsilon_root, _epsilon_roots)
+        try:
+            compiled = tuple(_jit.njit(fn) for fn in found)
+            curve, root, roots = compiled
+            mus = np.array([mu for mu, _ in _PROBE])
+            for delta in sorted({d for _, d in _PROBE}):
+                z = _ndtri(delta)
+                out = np.zeros(mus.size)
+                roots(mus, delta, z, out)
+                for mu, got in zip(mus.tolist(), out.tolist(), strict=True):
+                    want = _epsilon_root(mu, delta, z)
+                    if got != want or root(mu, delta, z) != want:
+                        raise ArithmeticError
+                    if curve(mu, want) != _curve(mu, want):
+                        raise ArithmeticError
+            found = compiled
+        except Exception:  # noqa: BLE001 - a numba that cannot compile it, or other bits
+            pass
+        _COMPILED.append(found)
+    return _COMPILED[0]
+
+
+def _log_delta_and_slope(mu: float, epsilon: float) -> tuple[float, float]:
+    """``ln δ(ε)`` and its derivative in ε (:func:`_curve`)."""
+    value, slope = _search()[0](mu, epsilon)
+    return float(value), float(slope)
+
+
+def epsilon_for_delta(mu: float, delta: float) -> float:
+    """The smallest ε with ``δ(ε) ≤ δ`` for μ-GDP: the exact ε of the whole ledger.
+
+    Found on ``ln δ(ε)`` (decreasing in ε) and then rounded **up** until
+    ``delta_for_epsilon(μ, ε) ≤ δ`` holds in floating point, so the reported ε is never below
+    the curve. The root is found by Newton's method on ``ln δ(ε)``, kept inside a bracket that
+    every step narrows (bisection when a step leaves it): the engine converts its ledger at
+    every release, and this takes ~5 evaluations of the curve where Brent's method took ~25.
+    The start, ``μ²/2 + μ·z`` with ``Φ(−z) = δ``, solves ``Φ(a) = δ`` and is above the root
+    since ``δ(ε) < Φ(a)``; it depends on (μ, δ) only, so the result does too. The search runs
+    compiled when the learners do, ~1 µs (:func:`epsilons_for_delta` runs it for many μ at once).
+
+    Examples
+    --------
+    >>> eps = epsilon_for_delta(0.5, 1e-5)
+    >>> round(eps, 4), delta_for_epsilon(0.5, eps) <= 1e-5
+    (1.9931, True)
+    >>> epsilon_for_delta(0.0, 1e-5)
+    0.0
+
+    """
+    _check_mu(mu)
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if math.isinf(mu):
+        return math.inf
+    if mu == 0.0:
+        return 0.0
+    return float(_search()[1](float(mu), float(delta), _ndtri(delta)))
+
+
+def epsilons_for_delta(mus: np.ndarray, delta: float) -> np.ndarray:
+    """:func:`epsilon_for_delta` of each μ in ``mus`` (one compiled call; equal, element for
+    element, to the one-at-a-time result: it runs the same code).
+
+    Examples
+    --------
+    >>> eps = epsilons_for_delta(np.array([0.0, 0.5, 1.0]), 1e-5)
+    >>> eps.round(4).tolist(), eps[1] == epsilon_for_delta(0.5, 1e-5)
+    ([0.0, 1.9931, 4.3772], True)
+
+    """
+    mus = np.ascontiguousarray(mus, dtype=np.float64)
+    if mus.size and not (mus >= 0).all():  # NaN fails too
+        _check_mu(float(mus[~(mus >= 0)][0]))
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    out = np.zeros(mus.shape)
+    inner = np.isfinite(mus) & (mus > 0)
+    out[np.isinf(mus)] = math.inf
+    if inner.all():
+        _search()[2](mus.reshape(-1), float(delta), _ndtri(delta), out.reshape(-1))
+    elif inner.any():
+        part = np.zeros(int(inner.sum()))
+        _search()[2](mus[inner], float(delta), _ndtri(delta), part)
+        out[inner] = part
+    return out
+
+
+def _ndtri(delta: float) -> float:
+    return float(special.ndtri(delta))
 
 
 def mu_for_epsilon(epsilon: float, delta: float) -> float:
