@@ -15,7 +15,12 @@ record parse (``connectors.schema.parse_conformed``) and the step with its relea
 already-parsed records (``learn_one`` + ``release_message``, the learner's JSON encoding
 included).
 
+The engine hands each poll to ``Learning.handle_batch``, which learns its plain records as one
+batch (``learn_many_kept``) and writes their releases together; its time per record, timed on
+polls of ``--batch`` records, is reported beside H.
+
     python benchmarks/engine_record.py [--records 20000] [--repeats 5] [--dim 8] [--buffer 64]
+                                       [--batch 500]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,7 +67,15 @@ def per_record(run, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def measure(dim: int, buffer: int, n: int) -> dict[str, float]:
+class Message(NamedTuple):
+    """A polled message as the engine hands it to ``Learning.handle_batch``."""
+
+    value: bytes
+    position: Any
+    key: bytes | None
+
+
+def measure(dim: int, buffer: int, n: int, batch: int) -> dict[str, float]:
     """One pass of each measurement on fresh learners: µs per record."""
     cfg = local_config(buffer, dim)
     values = messages(WARM + n, dim)
@@ -76,6 +90,15 @@ def measure(dim: int, buffer: int, n: int) -> dict[str, float]:
     def handle() -> None:
         for v in values[WARM:]:
             learning.handle(v)
+
+    polled = Learning(cfg)
+    polled.run_id = "bench"
+    polls = [Message(v, None, None) for v in values]
+    polled.handle_batch(polls[:WARM])
+
+    def handle_batch() -> None:
+        for i in range(WARM, WARM + n, batch):
+            polled.handle_batch(polls[i : min(i + batch, WARM + n)])
 
     def parse() -> None:
         for v in values[WARM:]:
@@ -92,8 +115,8 @@ def measure(dim: int, buffer: int, n: int) -> dict[str, float]:
             learner.learn_one(x, y)
             encoder.encode(learner.release_message(), run_id="bench", time=0.0)
 
-    return {"handle": per_record(handle, n), "parse": per_record(parse, n),
-            "step": per_record(step, n)}  # fmt: skip
+    return {"handle": per_record(handle, n), "batch": per_record(handle_batch, n),
+            "parse": per_record(parse, n), "step": per_record(step, n)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,12 +125,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dim", type=int, default=8)
     ap.add_argument("--buffer", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=500, help="records per poll (the engine's)")
     args = ap.parse_args(argv)
-    runs = [measure(args.dim, args.buffer, args.records) for _ in range(args.repeats)]
+    runs = [measure(args.dim, args.buffer, args.records, args.batch) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print(f"d = {args.dim}, fifo:{args.buffer}, one release per record, {args.records} records, "
           f"median of {args.repeats}")  # fmt: skip
     print(f"engine record (Learning.handle), H      : {med['handle']:.1f} µs")
+    print(f"engine record in polls of {args.batch} (handle_batch) : {med['batch']:.1f} µs")
     print(f"  parse and validate the message alone  : {med['parse']:.1f} µs")
     print(f"  learn_one + release message alone     : {med['step']:.1f} µs")
 

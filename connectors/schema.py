@@ -826,6 +826,45 @@ class ReleaseEncoder:
             if not shape:
                 data["shape"] = list(arr.shape)
             raw = arr.astype(WEIGHTS_DTYPE, copy=False).tobytes()
+        self._use_template(data)
+        when = data.get("time")
+        stamp = time.time() if when is None else when
+        return self._text(
+            data["step"], data["release_index"], raw, data["rho_spent"], data["epsilon_spent"],
+            data.get("epsilon_event_spent"), data["exhausted"], stamp,
+        )  # fmt: skip
+
+    def encode_many(
+        self,
+        fields: Mapping[str, Any],
+        steps: Sequence[int],
+        indices: Sequence[int],
+        weights: np.ndarray,
+        rhos: Sequence[float],
+        epsilons: Sequence[float],
+        **more: Any,
+    ) -> list[bytes]:
+        """The messages of a batch of releases of one model: each is :meth:`encode` of
+        ``fields`` with its step, release index, weights (a row of ``weights``, in the shape
+        of ``fields["shape"]``), ρ and ε spent, not exhausted, and ``more``; one time for all."""
+        data = {"run_id": None, "private": True, **fields, **more}
+        rows = np.ascontiguousarray(weights, dtype=WEIGHTS_DTYPE)
+        if rows.ndim != 2 or len(rows) != len(steps) or not np.isfinite(rows).all():
+            raise ValueError("weights must be finite, one row per release")
+        if not data.get("shape"):
+            raise ValueError("the batch's fields need the model's shape")
+        if data.get("epsilon_event_spent") is not None:  # its ε per release is not given here
+            raise ValueError("a unit-level model's releases are encoded one at a time")
+        self._use_template(data)
+        when = data.get("time")
+        stamp = time.time() if when is None else when
+        text = self._text
+        return [
+            text(step, index, row.tobytes(), rho, eps, None, False, stamp)
+            for step, index, row, rho, eps in zip(steps, indices, rows, rhos, epsilons, strict=True)
+        ]
+
+    def _use_template(self, data: Mapping[str, Any]) -> None:
         key = (
             data["model_id"], data["run_id"], data["algorithm"], data["task"],
             tuple(data["shape"]), tuple(data["feature_names"]), data["rho_budget"],
@@ -835,22 +874,17 @@ class ReleaseEncoder:
         if key != self._key:
             self._template(key)
             self._key = key
+
+    def _text(self, step, index, raw: bytes, rho, eps, eps_event, exhausted: bool, stamp) -> bytes:
         weights = base64.b64encode(raw).decode()
-        when = data.get("time")
-        stamp = time.time() if when is None else when
-        text = (
-            f'{self._head}{int(data["step"])},"release_index":{int(data["release_index"])},'
-            f'"weights":"{weights}{self._middle}{_number(data["rho_spent"])}'
-            f'{self._tail[0]},"epsilon_spent":{_number(data["epsilon_spent"])}'
-            + (
-                ""
-                if data.get("epsilon_event_spent") is None
-                else f',"epsilon_event_spent":{_number(data["epsilon_event_spent"])}'
-            )
-            + f',"exhausted":{"true" if data["exhausted"] else "false"}{self._tail[1]}'
+        return (
+            f'{self._head}{int(step)},"release_index":{int(index)},'
+            f'"weights":"{weights}{self._middle}{_number(rho)}'
+            f'{self._tail[0]},"epsilon_spent":{_number(eps)}'
+            + ("" if eps_event is None else f',"epsilon_event_spent":{_number(eps_event)}')
+            + f',"exhausted":{"true" if exhausted else "false"}{self._tail[1]}'
             f"{_number(stamp)}}}"
-        )
-        return text.encode("utf-8")
+        ).encode("utf-8")
 
 
 def _flat_floats(values: list) -> bool:

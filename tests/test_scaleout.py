@@ -22,6 +22,7 @@ from stream_dp.engine.master_secret import (
     secret_fingerprint,
 )
 from stream_dp.engine.scaleout import composition, partition_config
+from stream_dp.online.base import PairwiseLearner
 from stream_dp.privacy.secrets import derive_secret
 
 MASTER = int("7f" * 32, 16)
@@ -270,8 +271,9 @@ def test_an_instance_loads_its_kernels_before_it_joins_its_group(tmp_path, monke
 )
 def test_loading_the_kernels_takes_compiled_steps_and_leaves_nothing(tmp_path, monkeypatch, model):
     """load_kernels steps a throwaway copy of the model past its warm-up on made-up records,
-    through the engine's per-record path (every record learned, compiled steps and releases
-    made), and writes nothing: no checkpoint, no ledger journal, no release."""
+    through the engine's per-record path and then a batch, as the engine learns a poll (every
+    record learned, compiled steps and releases made; the batch learned as one where the model
+    allows it), and writes nothing: no checkpoint, no ledger journal, no release."""
     from stream_dp.engine import kernels
 
     monkeypatch.chdir(tmp_path)
@@ -279,19 +281,42 @@ def test_loading_the_kernels_takes_compiled_steps_and_leaves_nothing(tmp_path, m
         {**kafka_config(tmp_path), "model": {**model, "features": ["a", "b", "c"]}}
     )
     seen: list = []
-    handle = kernels.Learning.handle
+    inside: list = []
+    handle, handle_batch = kernels.Learning.handle, kernels.Learning.handle_batch
 
     def spy(self, value, position=None, key=None):
-        seen.append((self, handle(self, value, position, key)))
-        return seen[-1][1]
+        done = handle(self, value, position, key)
+        if not inside:  # handle_batch's own calls are counted with its results
+            seen.append((self, done))
+        return done
+
+    def spy_batch(self, messages):
+        inside.append(True)
+        try:
+            out = handle_batch(self, messages)
+        finally:
+            inside.pop()
+        seen.extend((self, done) for done in out)
+        return out
 
     monkeypatch.setattr(kernels.Learning, "handle", spy)
+    monkeypatch.setattr(kernels.Learning, "handle_batch", spy_batch)
+    kept: list = []
+    learn_many_kept = PairwiseLearner.learn_many_kept
+
+    def spy_kept(self, X, y):
+        kept.append(learn_many_kept(self, X, y))
+        return kept[-1]
+
+    monkeypatch.setattr(PairwiseLearner, "learn_many_kept", spy_kept)
     kernels.load_kernels(cfg)
     learning = seen[0][0]
     learner = learning.learner
     outcomes = {done.outcome.value for _, done in seen}
     assert outcomes <= {"learned", "released"} and "released" in outcomes, outcomes
-    assert learner.step == len(seen) > getattr(learner, "T1", 0)
+    assert learner.step == len(seen) > getattr(learner, "T1", 0) + kernels.COMPILED_STEPS
+    if learning._batched:  # the batch ran learn_many's compiled steps
+        assert [k.learned for k in kept] == [kernels.COMPILED_STEPS]
     assert list(tmp_path.iterdir()) == [], "the throwaway learner wrote something"
 
 

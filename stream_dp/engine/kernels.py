@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,7 +31,8 @@ COMPILED_STEPS = 3
 
 def load_kernels(config: Any) -> float:
     """Step a throwaway copy of ``config.model`` through the engine's per-record path (parse,
-    ``learn_one``, the release message) past its warm-up; the seconds it took.
+    ``learn_one``, the release message) past its warm-up, then through a batch
+    (:meth:`Learning.handle_batch`); the seconds it took.
 
     Examples
     --------
@@ -53,12 +54,22 @@ def load_kernels(config: Any) -> float:
     rng = np.random.default_rng(0)
     steps = int(getattr(learner, "T1", 0) or 0) + COMPILED_STEPS
     auc = learner.task == "auc"
-    for i in range(steps):
+    messages = []
+    for i in range(steps + COMPILED_STEPS):
         x = 0.5 * radius * rng.normal(size=len(features)) / np.sqrt(len(features))
         record: dict[str, Any] = {"x": dict(zip(features, x.tolist(), strict=True))}
         record["y"] = i % 2 if auc else i % 3
         unit = f"unit-{i}"
         if learning.unit_key is not None and not learning.unit_from_message_key:
             record[learning.unit_key] = unit
-        learning.handle(json.dumps(record).encode(), key=unit.encode())
+        messages.append(_Message(json.dumps(record).encode(), None, unit.encode()))
+    for msg in messages[:steps]:
+        learning.handle(msg.value, key=msg.key)
+    learning.handle_batch(messages[steps:])  # and a batch, as the engine learns a poll
     return time.monotonic() - start
+
+
+class _Message(NamedTuple):
+    value: bytes
+    position: Any
+    key: bytes

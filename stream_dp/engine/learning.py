@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import enum
 import json
+import math
+import operator
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,6 +38,8 @@ import numpy as np
 
 from connectors.schema import DeadLetter, RecordError, ReleaseEncoder, parse_conformed
 from stream_dp.engine.builders import build_learner
+from stream_dp.privacy.accountant import ZCDPAccountant
+from stream_dp.privacy.conversions import epsilons_from_rhos
 
 __all__ = ["BUDGET_EXHAUSTED", "Handled", "Learning", "Outcome"]
 
@@ -114,6 +119,16 @@ class Learning:
         self.unit_key = getattr(config.model, "unit_key", None)
         units = getattr(config, "units", None)
         self.unit_from_message_key = units is not None and units.source == "message_key"
+        # handle_batch's batches: an event-level AUC model with a zCDP ledger that can keep
+        # every release of a batch (the rest is decided per batch by learn_many_kept).
+        self._batched = (
+            self.unit_key is None
+            and getattr(learner, "task", None) == "auc"
+            and hasattr(learner, "learn_many_kept")
+            and type(getattr(learner, "accountant", None)) is ZCDPAccountant
+        )
+        names = self.features
+        self._row = operator.itemgetter(*names) if len(names) > 1 else (lambda x: (x[names[0]],))
         if secret is not None:
             # A learner refuses an explicit ``seed`` unless the run is declared non-private (a
             # guessable integer); a secret derived from a 128-bit master is not guessable, and
@@ -126,31 +141,115 @@ class Learning:
     def handle(self, value: Any, position: Any = None, key: bytes | None = None) -> Handled:
         """Learn one message (its raw ``value``; ``position`` goes into a dead letter; ``key``:
         the Kafka message key, the unit when ``[units] source = "message_key"``)."""
-        learner = self.learner
-        step = learner.step
-        unknown = 0
         try:
             x, y, unknown = parse_conformed(
                 value, self.features, self.known, max_bytes=self.max_bytes
             )
+        except RecordError as err:
+            return _dead(Outcome.REJECTED, err.reason, err.message, value, position)
+        return self._learn(x, y, unknown, value, position, key)
+
+    def handle_batch(self, messages: Sequence[Any]) -> list[Handled]:
+        """:meth:`handle` of each message (with ``value``, ``position`` and ``key``), in order.
+
+        The same outcomes and messages (a release's ``time`` aside), and the learner left the
+        same, but the records the learner can take as a batch are learned by one call:
+        consecutive plain records (every feature present, a boolean or 0/1 label) of an
+        event-level AUC model past its warm-up (``learn_many_kept``), with the ledger total and
+        the ε of each release computed together. Any other record takes :meth:`handle`'s path
+        in its place in the order. ``tests/test_engine_batch.py`` holds the two equal.
+        """
+        if not self._batched:
+            return [self.handle(m.value, m.position, m.key) for m in messages]
+        out: list[Any] = [None] * len(messages)
+        run: list[tuple[int, dict, Any, int]] = []
+        width, features, known = len(self.features), self.features, self.known
+        for i, msg in enumerate(messages):
+            value = msg.value
+            try:
+                x, y, unknown = parse_conformed(value, features, known, max_bytes=self.max_bytes)
+            except RecordError as err:  # never learned from: the run goes on around it
+                out[i] = _dead(Outcome.REJECTED, err.reason, err.message, value, msg.position)
+                continue
+            if (
+                type(x) is dict
+                and len(x) == width
+                and (y is True or y is False or (type(y) is int and 0 <= y <= 1))
+            ):
+                run.append((i, x, y, unknown))
+                continue
+            self._learn_run(run, messages, out)
+            run = []
+            out[i] = self._learn(x, y, unknown, value, msg.position, msg.key)
+        self._learn_run(run, messages, out)
+        return out
+
+    def _learn_run(self, run: list, messages: Sequence[Any], out: list) -> None:
+        """Learn a run of plain records (:meth:`handle_batch`) and put each one's outcome in
+        ``out``; one at a time when the learner cannot take them as a batch."""
+        if not run:
+            return
+        learner = self.learner
+        acc = learner.accountant
+        get = self._row
+        X = np.array([get(x) for _, x, _, _ in run], dtype=np.float64).reshape(len(run), -1)
+        mark = acc.mark()
+        kept = learner.learn_many_kept(X, [y for _, _, y, _ in run])
+        if kept is None:
+            for i, x, y, unknown in run:
+                msg = messages[i]
+                out[i] = self._learn(x, y, unknown, msg.value, msg.position, msg.key)
+            return
+        learned, t0 = kept.learned, learner.step - kept.learned
+        released = {}
+        if len(kept.steps):
+            # ρ spent after each release: the total after the last charge made up to its step.
+            steps, totals = acc.totals_since(mark)
+            rhos, j, rho = [], 0, math.fsum(mark[1])
+            for t in kept.steps.tolist():
+                while j < len(steps) and steps[j] <= t:
+                    rho, j = totals[j], j + 1
+                rhos.append(rho)
+            epsilons = epsilons_from_rhos(rhos, acc.delta, acc.conversion)
+            # Every release here is one after which the learner could still step, so none is
+            # exhausted (learn_one marks a learner exhausted only at a step it cannot take).
+            fields = learner.release_message()
+            fields.setdefault("private", self.private)
+            messages_out = self._encoder.encode_many(
+                fields, kept.steps.tolist(), kept.indices.tolist(), kept.weights, rhos, epsilons,
+                run_id=self.run_id, time=time.time(),
+            )  # fmt: skip
+            released = dict(zip((kept.steps - (t0 + 1)).tolist(), messages_out, strict=True))
+        model_id = learner.model_id
+        for k, (i, _, _, unknown) in enumerate(run):
+            if k >= learned:  # the budget ran out at this record
+                msg = messages[i]
+                out[i] = _exhausted(msg.value, msg.position, unknown)
+                continue
+            if unknown:
+                note_unknown_features(learner)
+            release = released.get(k)
+            if release is not None:
+                out[i] = Handled(Outcome.RELEASED, model_id, release, unknown)
+            else:
+                out[i] = _LEARNED if not unknown else Handled(Outcome.LEARNED, unknown=unknown)
+
+    def _learn(self, x, y, unknown: int, value: Any, position: Any, key: bytes | None) -> Handled:
+        """Learn a parsed record (:meth:`handle` after its parse)."""
+        learner = self.learner
+        step = learner.step
+        try:
             if self.unit_key is not None:
                 x = self._with_unit(x, value, key)
             learner.learn_one(x, y)
-        except RecordError as err:  # from the wire format or from the learner: one type
+        except RecordError as err:  # from the learner: the one record-error type
             return _dead(Outcome.REJECTED, err.reason, err.message, value, position, unknown)
         # ``step`` counts the records the learner has learned and ``release_step`` is the
         # step of its latest release: learn_one's effect, as the learner documents it.
         if learner.step == step and not learner.exhausted:
             return _DROPPED  # the unit's bound: counted by the learner, nothing published
         if learner.step == step:
-            return _dead(
-                Outcome.EXHAUSTED,
-                BUDGET_EXHAUSTED,
-                "the model's privacy budget is spent; it serves its last release",
-                value,
-                position,
-                unknown,
-            )
+            return _exhausted(value, position, unknown)
         if unknown:
             note_unknown_features(learner)
         if learner.release_step != learner.step:
@@ -232,6 +331,17 @@ def note_unknown_features(learner: Any) -> None:
     note = getattr(learner, "note_unknown_features", None)
     if note is not None:
         note()
+
+
+def _exhausted(value: Any, position: Any, unknown: int) -> Handled:
+    return _dead(
+        Outcome.EXHAUSTED,
+        BUDGET_EXHAUSTED,
+        "the model's privacy budget is spent; it serves its last release",
+        value,
+        position,
+        unknown,
+    )
 
 
 def _dead(

@@ -50,7 +50,7 @@ from stream_dp.engine.builders import build_source
 from stream_dp.engine.commit import CommitCycle, CyclePolicy, Outbox, RunRefused
 from stream_dp.engine.config import EngineConfig, SinkConfig, SourceConfig
 from stream_dp.engine.errors import EngineError, Interrupted, KafkaUnavailable, StateError
-from stream_dp.engine.learning import Handled, Learning, Outcome
+from stream_dp.engine.learning import Learning, Outcome
 from stream_dp.engine.outage import OutageWatch
 from stream_dp.engine.outputs import DEAD_LETTERS, RELEASES, Outputs
 from stream_dp.engine.prometheus import MetricsServer, metrics_server
@@ -361,8 +361,12 @@ class Engine:
         visible) even before ``checkpoint.every_records`` or ``every_seconds``.
         """
         began = self.cycle.clock()
-        for msg in batch:
-            self._handle(msg)
+        outbox, count = self.cycle.outbox, self.stats.count
+        for done in self.learning.handle_batch(batch):
+            count(done)
+            if done.value is not None:
+                stream = RELEASES if done.outcome is Outcome.RELEASED else DEAD_LETTERS
+                outbox.add(stream, done.key, done.value)
         self.cycle.consumed(len(batch), self.cycle.clock() - began)
         if batch:
             self._idle_since = None
@@ -375,15 +379,6 @@ class Engine:
             self.cycle.settle_if_done()
         finally:
             self.outage.watch()
-
-    def _handle(self, msg) -> Handled:
-        """Learn one message; what it produced goes into the cycle's outbox."""
-        done = self.learning.handle(msg.value, msg.position, msg.key)
-        self.stats.count(done)
-        if done.value is not None:
-            stream = RELEASES if done.outcome is Outcome.RELEASED else DEAD_LETTERS
-            self.cycle.outbox.add(stream, done.key, done.value)
-        return done
 
     def finish(self, *, probe: bool = True) -> None:
         """End the last cycle (checkpoint and publish, waiting for it) and report the status.

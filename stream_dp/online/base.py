@@ -24,7 +24,7 @@ from stream_dp.online.fast import CHUNK_ROWS, FastPath
 from stream_dp.online.inputs import RecordInput
 from stream_dp.online.mechanism import Mechanism
 from stream_dp.online.reference import reference_step
-from stream_dp.online.release import release_norm
+from stream_dp.online.release import KeptReleases, release_norm
 from stream_dp.online.state import LearnerState
 from stream_dp.online.units import EVENT_LEVEL, PrivacyUnit
 from stream_dp.privacy.noise import KeyedNoise
@@ -341,6 +341,45 @@ class PairwiseLearner(base.Estimator):
             self.learn_one(inp.row(X, k), labels[k])  # raises as learn_one does
             self.learn_many(inp.rest(X, k + 1), labels[k + 1 :])
 
+    def learn_many_kept(self, X, y) -> KeptReleases | None:
+        """:meth:`learn_many`, keeping what each of its releases was, for a caller that
+        publishes every release (the stream engine): ``learn_many`` alone serves only the last.
+
+        The learner ends as ``learn_many`` leaves it. Returned: how many rows were learned (all
+        of them, or those before the budget ran out) and, for each release, its step, its
+        ``n_releases`` and its flat model, bit for bit what :attr:`private_weights` served right
+        after that step. None, with nothing learned, when this cannot be done here: a
+        unit-level learner, no compiled path yet (before its first record), the warm-up, or a
+        row ``learn_one`` would reject — then learn the rows one by one.
+        """
+        s = self._state
+        labels = list(y)
+        m = len(labels)
+        n0 = getattr(self, "n_releases", None)
+        if (
+            self._unit is not None
+            or self._fast is None
+            or s.ring is None
+            or n0 is None
+            or s.t < s.mechanism.warmup  # warm-up releases are not counted as releases
+            or len(X) != m
+        ):
+            return None
+        batch = self._input.validate_batch(X, y) if m else None
+        if batch is None or len(batch[1]) < m:
+            return None
+        rows, codes, clipped = batch
+        t0 = s.t
+        kept = np.zeros((m, s.ring.rows.shape[1]))
+        released = np.zeros(m, dtype=np.int64)
+        self._learn_valid(rows, codes, clipped, labels, m, kept, released)
+        learned = s.t - t0
+        at = np.flatnonzero(released[:learned])
+        n1 = self.n_releases
+        if n1 - n0 != len(at):  # pragma: no cover - every release after the warm-up is counted
+            raise RuntimeError(f"{len(at)} releases kept but {n1 - n0} counted")
+        return KeptReleases(learned, at + (t0 + 1), np.arange(n0 + 1, n1 + 1), kept[at])
+
     def _row_dict(self, X, i: int) -> dict:
         """Row i of a batch as a record (array rows by the schema's names)."""
         row = self._input.row(X, i)
@@ -349,15 +388,16 @@ class PairwiseLearner(base.Estimator):
         names = self._input.names or range(len(row))
         return dict(zip(names, row, strict=False))
 
-    def _learn_valid(self, rows, codes, clipped, labels, k: int) -> None:
-        """Learn the first k validated rows (fast runs where possible)."""
+    def _learn_valid(self, rows, codes, clipped, labels, k: int, kept=None, released=None) -> None:
+        """Learn the first k validated rows (fast runs where possible); ``kept`` and
+        ``released``: see :meth:`learn_many_kept`."""
         inp = self._input
         i = 0
         while i < k:
             if not self._may_learn():
                 self.n_rejected += k - i
                 break
-            j = self._learn_rows(rows, codes, i, k)
+            j = self._learn_rows(rows, codes, i, k, kept, released)
             refused = j < 0
             j = i + 1 if refused else j
             inp.accept_batch(clipped[i:j], labels[i:j])
@@ -404,16 +444,27 @@ class PairwiseLearner(base.Estimator):
             self.learn_one({**self._row_dict(rest, k), unit.key: units[k]}, labels[k])
             self.learn_many(inp.rest(rest, k + 1), labels[k + 1 :], units[k + 1 :])
 
-    def _learn_rows(self, rows: np.ndarray, codes: np.ndarray, i: int, k: int) -> int:
+    def _learn_rows(
+        self, rows: np.ndarray, codes: np.ndarray, i: int, k: int, kept=None, released=None
+    ) -> int:
         """Learn rows from i on (one fast run, or one reference step); the next row to learn,
         or −1 if the step's release was refused."""
         s, fast = self._state, self._fast
         if fast is not None:
             m = fast.available(s.t, min(k - i, CHUNK_ROWS))
             if m:
-                fast.run(rows[i : i + m], codes[i : i + m], m)
+                if kept is None:
+                    fast.run(rows[i : i + m], codes[i : i + m], m)
+                else:
+                    fast.run(rows[i : i + m], codes[i : i + m], m, kept[i : i + m],
+                             released[i : i + m])  # fmt: skip
                 return i + m
-        return i + 1 if reference_step(s, rows[i], float(codes[i])) else -1
+        if not reference_step(s, rows[i], float(codes[i])):
+            return -1
+        if kept is not None and s.ring.step == s.t and s.ring.count:
+            kept[i] = s.ring.latest.reshape(-1)
+            released[i] = 1
+        return i + 1
 
     def _may_learn(self) -> bool:
         s = self._state

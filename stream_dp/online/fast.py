@@ -55,7 +55,7 @@ from stream_dp.online.mechanism import (
     hook_release,
     hook_releases_at,
 )
-from stream_dp.online.release import COUNT, HEAD, ring_push, window_mean
+from stream_dp.online.release import COUNT, HEAD, STEP, ring_push, window_mean
 from stream_dp.online.state import LearnerState
 
 __all__ = ["CHUNK_ROWS", "FastPath"]
@@ -204,10 +204,21 @@ def _run_one(S, t0, x, y):  # pragma: no cover - compiled
     _step(S, t0, 0, x, y)
 
 
-def _run_many(S, t0, X, Y, m):  # pragma: no cover - compiled
+def _run_many(S, t0, X, Y, m, kept, released):  # pragma: no cover - compiled
+    # ``kept`` (m rows, or none): each step's release, which the ring's next push overwrites,
+    # copied out for a caller that publishes every release; ``released[j]``: step j made one.
     hook_begin(S.mech)
+    keep = kept.shape[0] > 0
+    k = S.win.shape[0]
+    rs = S.rs
     for j in range(m):
         _step(S, t0, j, X[j], Y[j])
+        if keep:
+            if rs[STEP] == t0 + 1 + j and rs[COUNT] > 0:
+                kept[j, :] = S.win[(rs[HEAD] - 1) % k]
+                released[j] = 1
+            else:
+                released[j] = 0
 
 
 if NUMBA_INSTALLED:
@@ -274,6 +285,10 @@ class FastPath:
         self.off = np.zeros(cap + 1, dtype=np.int64)
         self.nb = np.zeros(cap + 1, dtype=np.int64)
         self.slots = np.zeros(max(1, buf.capacity or 1), dtype=np.int64)
+        # No release kept (run's default): empty, of the types a kept run passes, so that both
+        # are one compiled signature.
+        self._none_kept = np.zeros((0, s.ring.rows.shape[1]))
+        self._none_released = np.zeros(0, dtype=np.int64)
         self._struct = None
         self._sources: tuple = ()
         # Which compiled runs (see _cached_runs), once the settings are known. A learner holds no
@@ -410,12 +425,25 @@ class FastPath:
                     _ENTRY_POINTS.append(compiled.entry_point)
                 self._entry, self._entry_for = _ENTRY_INDEX[sig], S
 
-    def run(self, X: np.ndarray, Y: np.ndarray, m: int) -> None:
-        """Learn the first m validated, clipped rows (m from :meth:`available`, just called)."""
+    def run(
+        self,
+        X: np.ndarray,
+        Y: np.ndarray,
+        m: int,
+        kept: np.ndarray | None = None,
+        released: np.ndarray | None = None,
+    ) -> None:
+        """Learn the first m validated, clipped rows (m from :meth:`available`, just called).
+
+        ``kept`` (m rows of the model's size) and ``released`` (m ints): each step's release
+        and whether it made one, for a caller that publishes every release.
+        """
         t0 = self.s.t
         self._plan(t0, m)
         S = self._state()
-        self._many(S, t0, X, Y, m)
+        if kept is None:
+            kept, released = self._none_kept, self._none_released
+        self._many(S, t0, X, Y, m, kept, released)
         self._finish(t0, m)
 
     def _plan(self, t0: int, m: int) -> None:

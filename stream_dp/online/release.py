@@ -13,11 +13,13 @@ the compiled fast path pushes releases with the same :func:`ring_push` the refer
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from stream_dp._jit import jitable
 
-__all__ = ["ReleaseRing", "release_norm", "ring_push", "window_mean"]
+__all__ = ["KeptReleases", "ReleaseRing", "release_norm", "ring_push", "window_mean"]
 
 #: Layout of :attr:`ReleaseRing.state`.
 COUNT, HEAD, LEARNED, HAS_FACTORS, STEP = 0, 1, 2, 3, 4
@@ -62,6 +64,17 @@ def window_mean(win, count, head):
     for i in range(1, count):
         out += win[(start + i) % k]
     return out / count
+
+
+class KeptReleases(NamedTuple):
+    """What a batch learned and released (``learn_many_kept``): ``learned`` rows, and for each
+    release, in order, its step, its index (the learner's ``n_releases`` right after it) and its
+    flat model (a row of ``weights``)."""
+
+    learned: int
+    steps: np.ndarray
+    indices: np.ndarray
+    weights: np.ndarray
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

@@ -260,6 +260,25 @@ class Accountant:
         """The exact (correctly rounded) sum of every cost, plus ``extra`` costs."""
         return math.fsum([*self._partials, *extra])
 
+    def mark(self) -> tuple[int, tuple[float, ...]]:
+        """Where the ledger stands now, for :meth:`totals_since`: its rows and the exact partial
+        sums of their costs."""
+        return len(self.storage), tuple(self._partials)
+
+    def totals_since(self, mark: tuple[int, tuple[float, ...]]) -> tuple[list[int], list[float]]:
+        """The step of each row charged since ``mark`` (:meth:`mark`) and the exact total right
+        after it: what :meth:`total` returned then, bit for bit (the same partials, grown by the
+        same costs in the same order), for a caller that learned a batch and publishes the total
+        after each of its steps."""
+        rows, partials = mark
+        exact = list(partials)
+        steps, totals = [], []
+        for step, code, sens, scale, eps, delta in self.storage.rows_since(rows):
+            grow(exact, self._row_cost(code, sens, scale, eps, delta))
+            steps.append(int(step))
+            totals.append(math.fsum(exact))
+        return steps, totals
+
     def verify(self) -> bool:
         """Recompute the totals from the ledger entries and compare (they must be identical)."""
         events = self.ledger

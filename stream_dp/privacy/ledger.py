@@ -202,6 +202,24 @@ class Ledger:
         """Every charge, in the order it was made (rebuilt as event objects: O(n))."""
         return tuple(event_of(*r) for r in self.rows())
 
+    def rows_since(self, n: int) -> list[Row]:
+        """The rows charged after the first ``n``, in charge order (the newest few are read
+        from the chunks that hold them, not from the whole ledger)."""
+        n_open = len(self._steps)
+        first_open = self.n_rows - n_open
+        out: list[Row] = []
+        if n < first_open:  # some of them are in sealed chunks: the newest ones that reach n
+            found, start, k = [], first_open, len(self._firsts) - 1
+            while start > n and k >= 0:
+                chunk = self._store[k]
+                start -= chunk.n
+                found.append((chunk, start))
+                k -= 1
+            for chunk, begin in reversed(found):
+                out.extend(list(chunk.rows())[max(0, n - begin) :])
+        out.extend(self._open_row(i) for i in range(max(0, n - first_open), n_open))
+        return out
+
     def _open_row(self, i: int) -> Row:
         eps = delta = _NAN
         if self._mech[i] == APPROX:
