@@ -558,3 +558,25 @@ def test_a_learner_spends_only_its_share_and_leaves_the_rest_to_others() -> None
     restored = OnPairStrC(**kw, budget_share=0.5)
     restored.load_state_dict(part.state_dict())
     assert restored.accountant.ledger == ledger and restored.budget.limit == part.budget.limit
+
+
+def test_totals_since_a_mark_are_the_totals_said_then() -> None:
+    """Accountant.totals_since (over Ledger.rows_since) gives, for every charge after a mark,
+    its step and the exact total rho_spent() reported right after it — marks anywhere, the
+    charges after them spanning sealed chunks or not."""
+    rng = np.random.default_rng(5)
+    events = _zcdp_events(rng, strides=(1, 1, 2), two_mechs_every=5)
+    acc = ZCDPAccountant(1e-5)
+    said, marks = [], {}
+    for i, e in enumerate(events):
+        if i in (0, 1, CHUNK - 3, CHUNK, CHUNK + 5, 2 * CHUNK - 100):
+            marks[i] = acc.mark()
+        acc.compose(e)
+        said.append((e.step, acc.rho_spent()))
+    assert repr(acc.storage.rows_since(0)) == repr(list(acc.storage.rows()))  # NaNs: by repr
+    for i, mark in marks.items():
+        assert mark[0] == i
+        steps, totals = acc.totals_since(mark)
+        assert list(zip(steps, totals, strict=True)) == said[i:], i
+        assert repr(acc.storage.rows_since(i)) == repr(list(acc.storage.rows())[i:])
+    assert acc.totals_since(acc.mark()) == ([], [])

@@ -159,15 +159,17 @@ class Chunk:
             "delta": delta,
         }
 
-    def rows(self):
-        """``(step, code, sensitivity, scale, epsilon, delta)`` per charge, as Python scalars."""
+    def rows(self, start: int = 0):
+        """``(step, code, sensitivity, scale, epsilon, delta)`` per charge from row ``start`` on,
+        as Python scalars."""
         sparse = dict(zip(self.sp_idx.tolist(), zip(self.sp_eps.tolist(),
                                                     self.sp_delta.tolist(), strict=True),
                           strict=True))  # fmt: skip
         nan = (float("nan"), float("nan"))
         for i, (step, code, sens, scale) in enumerate(
-            zip(self.steps().tolist(), self.mechs().tolist(), self.sens.tolist(),
-                self.scale.tolist(), strict=True)
+            zip(self.steps()[start:].tolist(), self.mechs()[start:].tolist(),
+                self.sens[start:].tolist(), self.scale[start:].tolist(), strict=True),
+            start,
         ):  # fmt: skip
             yield (step, code, sens, scale, *sparse.get(i, nan))
 

@@ -216,7 +216,7 @@ class Ledger:
                 found.append((chunk, start))
                 k -= 1
             for chunk, begin in reversed(found):
-                out.extend(list(chunk.rows())[max(0, n - begin) :])
+                out.extend(chunk.rows(max(0, n - begin)))
         out.extend(self._open_row(i) for i in range(max(0, n - first_open), n_open))
         return out
 
