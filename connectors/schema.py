@@ -828,7 +828,7 @@ class ReleaseEncoder:
             raw = arr.astype(WEIGHTS_DTYPE, copy=False).tobytes()
         self._use_template(data)
         when = data.get("time")
-        stamp = time.time() if when is None else when
+        stamp = _number(time.time() if when is None else when)
         return self._text(
             data["step"], data["release_index"], raw, data["rho_spent"], data["epsilon_spent"],
             data.get("epsilon_event_spent"), data["exhausted"], stamp,
@@ -857,7 +857,7 @@ class ReleaseEncoder:
             raise ValueError("a unit-level model's releases are encoded one at a time")
         self._use_template(data)
         when = data.get("time")
-        stamp = time.time() if when is None else when
+        stamp = _number(time.time() if when is None else when)  # one time for the batch
         text = self._text
         return [
             text(step, index, row.tobytes(), rho, eps, None, False, stamp)
@@ -875,15 +875,18 @@ class ReleaseEncoder:
             self._template(key)
             self._key = key
 
-    def _text(self, step, index, raw: bytes, rho, eps, eps_event, exhausted: bool, stamp) -> bytes:
+    def _text(
+        self, step, index, raw: bytes, rho, eps, eps_event, exhausted: bool, stamp: str
+    ) -> bytes:
+        """A release's bytes from the template: ``raw`` its weights' bytes, ``stamp`` its time
+        already written as JSON."""
         weights = base64.b64encode(raw).decode()
         return (
             f'{self._head}{int(step)},"release_index":{int(index)},'
             f'"weights":"{weights}{self._middle}{_number(rho)}'
             f'{self._tail[0]},"epsilon_spent":{_number(eps)}'
             + ("" if eps_event is None else f',"epsilon_event_spent":{_number(eps_event)}')
-            + f',"exhausted":{"true" if exhausted else "false"}{self._tail[1]}'
-            f"{_number(stamp)}}}"
+            + f',"exhausted":{"true" if exhausted else "false"}{self._tail[1]}{stamp}}}'
         ).encode("utf-8")
 
 

@@ -153,3 +153,28 @@ def test_release_encoder_writes_the_message_release_message_would(change):
 def test_release_encoder_refuses_non_finite_values(bad):
     with pytest.raises(ValueError):
         ReleaseEncoder().encode({**FIELDS, **bad}, run_id="r", time=0.0)
+
+
+def test_a_batch_of_releases_is_written_as_one_at_a_time():
+    """encode_many: the bytes encode writes for each release, one time for all; refused as
+    encode refuses, and for a unit-level model (whose per-release ε it is not given)."""
+    rng = np.random.default_rng(0)
+    weights = rng.normal(size=(5, len(FIELDS["weights"])))
+    steps, indices = [4, 5, 6, 8, 9], [1, 2, 3, 4, 5]
+    rhos, epsilons = np.cumsum(rng.uniform(0, 0.1, 5)).tolist(), rng.uniform(0, 3, 5).tolist()
+    enc = ReleaseEncoder()
+    got = enc.encode_many(FIELDS, steps, indices, weights, rhos, epsilons, run_id="r", time=2.5)
+    for k in range(5):
+        one = {**FIELDS, "step": steps[k], "release_index": indices[k],
+               "weights": weights[k].tolist(), "rho_spent": rhos[k], "epsilon_spent": epsilons[k],
+               "exhausted": False}  # fmt: skip
+        assert got[k] == ReleaseEncoder().encode(one, run_id="r", time=2.5)
+    bad = weights.copy()
+    bad[2, 0] = np.nan
+    with pytest.raises(ValueError):
+        enc.encode_many(FIELDS, steps, indices, bad, rhos, epsilons, run_id="r", time=2.5)
+    with pytest.raises(ValueError):
+        enc.encode_many(FIELDS, steps, indices, weights, [*rhos[:4], np.inf], epsilons, time=2.5)
+    with pytest.raises(ValueError):
+        unit = {**FIELDS, "epsilon_event_spent": 0.5}
+        enc.encode_many(unit, steps, indices, weights, rhos, epsilons, run_id="r", time=2.5)

@@ -477,5 +477,6 @@ class FastPath:
                 if penok.item(0):
                     s.regret.record(self.pen.item(0))
             else:
-                for j in np.flatnonzero(penok[:m]):
-                    s.regret.record(float(self.pen[j]))
+                record = s.regret.record
+                for penalty in self.pen[:m][penok[:m] != 0].tolist():  # in step order
+                    record(penalty)
