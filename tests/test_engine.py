@@ -1068,3 +1068,25 @@ def test_a_slow_learner_still_ends_a_cycle_about_every_every_seconds(tmp_path, m
     assert len(checkpoints) >= 60 / 6 and gaps.max() <= 5.0 + 1.0, gaps.tolist()
     held = load_checkpoint(cfg.checkpoint.path)
     assert held.learner_state["t"] == 60 and held.positions == {"line": 60}
+
+
+def test_a_run_takes_its_start_up_out_of_the_full_gc_passes(tmp_path):
+    """After start-up, the engine freezes what the process holds (gc.freeze: imports, kernels,
+    clients), once per process; in a fresh process nothing is frozen before its run."""
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(records(30)) + b"\n")
+    cfg_file = tmp_path / "cfg.json"
+    cfg_file.write_text(config(tmp_path).model_dump_json())
+    code = (
+        "import gc, sys\n"
+        "from stream_dp.engine import Engine, EngineConfig\n"
+        "cfg = EngineConfig.model_validate_json(open(sys.argv[1]).read())\n"
+        "before = gc.get_freeze_count()\n"
+        "Engine(cfg).run()\n"
+        "after = gc.get_freeze_count()\n"
+        "Engine(cfg).run()\n"
+        "print(before, after > 0, gc.get_freeze_count() == after)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(cfg_file)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["0", "True", "True"], out.stderr[-2000:]

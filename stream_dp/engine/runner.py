@@ -50,6 +50,7 @@ from stream_dp.engine.builders import build_source
 from stream_dp.engine.commit import CommitCycle, CyclePolicy, Outbox, RunRefused
 from stream_dp.engine.config import EngineConfig, SinkConfig, SourceConfig
 from stream_dp.engine.errors import EngineError, Interrupted, KafkaUnavailable, StateError
+from stream_dp.engine.heap import freeze_start_up
 from stream_dp.engine.learning import Learning, Outcome
 from stream_dp.engine.outage import OutageWatch
 from stream_dp.engine.outputs import DEAD_LETTERS, RELEASES, Outputs
@@ -271,6 +272,7 @@ class Engine:
         try:
             try:
                 self._start()
+                freeze_start_up()  # the start-up's objects out of the full GC passes
                 if self.metrics is not None:
                     # Up from the end of start-up, not from the first status report. The private
                     # metrics are left to that report: releasing them charges their mechanism.

@@ -58,6 +58,7 @@ from connectors._retry import Backoff
 from stream_dp.engine.commit import MAX_BATCH
 from stream_dp.engine.config import EngineConfig
 from stream_dp.engine.errors import StateError
+from stream_dp.engine.heap import freeze_start_up
 from stream_dp.engine.heartbeat import (
     StatusPublisher,
     member_client_id,
@@ -446,6 +447,7 @@ class ScaleOut:
                 # Before joining: compiled in the group's poll loop (the first start after an
                 # install or upgrade), the kernels could hold a poll past max.poll.interval.ms.
                 log.debug("compiled kernels loaded in %.2f s", load_kernels(self.config))
+                freeze_start_up()  # out of the full GC passes: the imports and the kernels
                 self._open_consumer()
                 self._publish_metrics({}, up=True)
                 self._loop()
