@@ -208,3 +208,28 @@ def test_a_unit_level_model_takes_the_per_record_path() -> None:
     cfg = config(unit_key="user", max_events_per_unit=3, horizon=1000)
     learning = Learning(cfg, secret=SECRET)
     assert not learning._batched
+
+
+def test_batches_across_sealed_ledger_chunks_in_a_journal(tmp_path) -> None:
+    """The ledger totals of a batch whose charges span a sealed chunk, read back from the
+    ledger's journal on disk (``checkpoint.ledger_journal``), are those said one at a time."""
+    from stream_dp.privacy._chunks import CHUNK
+
+    cfg = config()
+    one, many = Learning(cfg, secret=SECRET), Learning(cfg, secret=SECRET)
+    one.run_id = many.run_id = "run"
+    one.learner.accountant.storage.open_journal(tmp_path / "one.ledger")
+    many.learner.accountant.storage.open_journal(tmp_path / "many.ledger")
+    rng = np.random.default_rng(2)
+    messages = []
+    for i in range(CHUNK + 900):
+        x = rng.normal(size=len(FEATURES)) * 0.4
+        rec = {"x": dict(zip(FEATURES, x.tolist(), strict=True)), "y": bool(x[0] > 0)}
+        messages.append(Message(json.dumps(rec).encode(), {"offset": i}, None))
+    want = [one.handle(m.value, m.position, m.key) for m in messages]
+    got = [
+        h for i in range(0, len(messages), 500) for h in many.handle_batch(messages[i : i + 500])
+    ]
+    assert [without_time(g) for g in got] == [without_time(w) for w in want]
+    assert many.learner.accountant.storage.journal is not None
+    assert len(many.learner.accountant.storage) > CHUNK  # a chunk was sealed into the journal
