@@ -306,7 +306,7 @@ def epsilons_for_delta(mus: np.ndarray, delta: float) -> np.ndarray:
     Examples
     --------
     >>> eps = epsilons_for_delta(np.array([0.0, 0.5, 1.0]), 1e-5)
-    >>> eps.round(4).tolist(), eps[1] == epsilon_for_delta(0.5, 1e-5)
+    >>> eps.round(4).tolist(), eps.tolist()[1] == epsilon_for_delta(0.5, 1e-5)
     ([0.0, 1.9931, 4.3772], True)
 
     """
