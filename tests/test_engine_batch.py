@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pytest
 
+from connectors.sources import SourceMessage
 from stream_dp import _jit
 from stream_dp.engine.config import EngineConfig
 from stream_dp.engine.learning import Learning, Outcome
@@ -26,12 +27,6 @@ pytestmark = pytest.mark.skipif(not _jit.numba_active(), reason="the batch needs
 
 FEATURES = ["a", "b", "c", "d"]
 SECRET = 0x5EED_0F_BA7C4
-
-
-class Message(NamedTuple):
-    value: bytes
-    position: Any
-    key: bytes | None
 
 
 def config(**model: Any) -> EngineConfig:
@@ -48,7 +43,7 @@ def config(**model: Any) -> EngineConfig:
     )  # fmt: skip
 
 
-def stream(n: int, seed: int) -> list[Message]:
+def stream(n: int, seed: int) -> list[SourceMessage]:
     """Plain records, and among them every kind the batch must leave to the per-record path."""
     rng = np.random.default_rng(seed)
     out = []
@@ -76,7 +71,7 @@ def stream(n: int, seed: int) -> list[Message]:
             raw = json.dumps(rec).encode()
         else:
             raw = json.dumps(rec).encode()
-        out.append(Message(raw, {"topic": "t", "partition": 0, "offset": i}, None))
+        out.append(SourceMessage(raw, {"topic": "t", "partition": 0, "offset": i}, None))
     return out
 
 
@@ -225,7 +220,7 @@ def test_batches_across_sealed_ledger_chunks_in_a_journal(tmp_path) -> None:
     for i in range(CHUNK + 900):
         x = rng.normal(size=len(FEATURES)) * 0.4
         rec = {"x": dict(zip(FEATURES, x.tolist(), strict=True)), "y": bool(x[0] > 0)}
-        messages.append(Message(json.dumps(rec).encode(), {"offset": i}, None))
+        messages.append(SourceMessage(json.dumps(rec).encode(), {"offset": i}, None))
     want = [one.handle(m.value, m.position, m.key) for m in messages]
     got = [
         h for i in range(0, len(messages), 500) for h in many.handle_batch(messages[i : i + 500])

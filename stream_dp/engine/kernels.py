@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from connectors.sources import SourceMessage
 from stream_dp.engine.learning import Learning
 
 __all__ = ["load_kernels"]
@@ -62,14 +63,8 @@ def load_kernels(config: Any) -> float:
         unit = f"unit-{i}"
         if learning.unit_key is not None and not learning.unit_from_message_key:
             record[learning.unit_key] = unit
-        messages.append(_Message(json.dumps(record).encode(), None, unit.encode()))
+        messages.append(SourceMessage(json.dumps(record).encode(), {}, unit.encode()))
     for msg in messages[:steps]:
         learning.handle(msg.value, key=msg.key)
     learning.handle_batch(messages[steps:])  # and a batch, as the engine learns a poll
     return time.monotonic() - start
-
-
-class _Message(NamedTuple):
-    value: bytes
-    position: Any
-    key: bytes

@@ -192,7 +192,7 @@ class Learning:
         learner = self.learner
         acc = learner.accountant
         get = self._row
-        X = np.array([get(x) for _, x, _, _ in run], dtype=np.float64).reshape(len(run), -1)
+        X = np.array([get(x) for _, x, _, _ in run], dtype=np.float64)  # rows: tuples
         mark = acc.mark()
         kept = learner.learn_many_kept(X, [y for _, _, y, _ in run])
         if kept is None:

@@ -358,8 +358,7 @@ class PairwiseLearner(base.Estimator):
         n0 = getattr(self, "n_releases", None)
         if (
             self._unit is not None
-            or self._fast is None
-            or s.ring is None
+            or self._fast is None  # (a fast path has a release ring)
             or n0 is None
             or s.t < s.mechanism.warmup  # warm-up releases are not counted as releases
             or len(X) != m

@@ -316,14 +316,12 @@ def epsilons_for_delta(mus: np.ndarray, delta: float) -> np.ndarray:
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     out = np.zeros(mus.shape)
-    inner = np.isfinite(mus) & (mus > 0)
     out[np.isinf(mus)] = math.inf
-    if inner.all():
-        _search()[2](mus.reshape(-1), float(delta), _ndtri(delta), out.reshape(-1))
-    elif inner.any():
-        part = np.zeros(int(inner.sum()))
-        _search()[2](mus[inner], float(delta), _ndtri(delta), part)
-        out[inner] = part
+    inner = np.isfinite(mus) & (mus > 0)  # μ = 0: ε = 0, as out holds
+    if inner.any():
+        found = np.zeros(int(inner.sum()))
+        _search()[2](mus[inner], float(delta), _ndtri(delta), found)
+        out[inner] = found
     return out
 
 
